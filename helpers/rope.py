@@ -1,0 +1,493 @@
+"""Rotary position embedding (RoPE): the reference implementations of the series.
+
+Taught in ``notebooks/01_rope_rotation_matrix.ipynb`` (the block-diagonal rotation
+matrix :math:`R_m`) and ``notebooks/02_rope_efficient.ipynb`` (the element-wise,
+half-split and complex forms, the cos/sin cache and the cost of each).
+
+Paper: Su et al., "RoFormer: Enhanced Transformer with Rotary Position Embedding"
+(2021), eqs. (13)-(16) and (34).
+
+Conventions used throughout the series
+--------------------------------------
+* Tensors that are rotated have shape ``(..., seq, head_dim)``; RoPE acts on the
+  last dimension, one position per row of the second-to-last dimension.
+* ``head_dim`` (written :math:`d`) is even; pair :math:`i` (``0 <= i < d/2``) rotates
+  by the angle :math:`m\\theta_i` with :math:`\\theta_i = \\text{base}^{-2i/d}`.
+* ``layout="interleaved"`` pairs dimensions ``(2i, 2i+1)`` (the notes, RoFormer,
+  GPT-J, Meta's original Llama); ``layout="half"`` pairs ``(i, i + d/2)`` (GPT-NeoX,
+  Hugging Face Llama's ``rotate_half``).
+* Angles are computed in float32, or float64 when the input is float64, whatever
+  the input dtype; the output has the input's dtype.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Optional, Sequence, Union
+
+import torch
+
+__all__ = [
+    "LAYOUTS",
+    "rope_frequencies",
+    "rope_angles",
+    "rotation_matrix",
+    "apply_rope_matrix",
+    "apply_rope",
+    "apply_rope_complex",
+    "interleaved_to_half",
+    "half_to_interleaved",
+    "interleaved_to_half_index",
+    "RotaryEmbedding",
+]
+
+LAYOUTS = ("interleaved", "half")
+
+PositionsLike = Union[None, int, Sequence[int], Sequence[float], torch.Tensor]
+
+
+# --------------------------------------------------------------------------- checks
+def _check_head_dim(head_dim: int, name: str = "head_dim") -> int:
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int):
+        raise TypeError(f"{name} must be an int, got {type(head_dim).__name__} ({head_dim!r})")
+    if head_dim < 2:
+        raise ValueError(f"{name} must be >= 2 (RoPE rotates pairs of dimensions), got {head_dim}")
+    if head_dim % 2 != 0:
+        raise ValueError(
+            f"{name} must be even (RoPE rotates pairs of dimensions), got {head_dim}"
+        )
+    return head_dim
+
+
+def _check_base(base: float) -> float:
+    if isinstance(base, bool) or not isinstance(base, (int, float)):
+        raise TypeError(f"base must be a number, got {type(base).__name__} ({base!r})")
+    if not math.isfinite(base) or base <= 0:
+        raise ValueError(f"base must be a finite number > 0, got {base}")
+    return float(base)
+
+
+def _check_layout(layout: str) -> str:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    return layout
+
+
+def _check_x(x: torch.Tensor) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() < 2:
+        raise ValueError(
+            f"x must have shape (..., seq, head_dim) with at least 2 dimensions, got shape {tuple(x.shape)}"
+        )
+    if not x.is_floating_point():
+        raise TypeError(f"x must be a floating-point tensor, got dtype {x.dtype}")
+    _check_head_dim(x.shape[-1], name="head_dim (x.shape[-1])")
+    return x
+
+
+def _angle_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 for float64 input, float32 for everything else (fp16, bf16, fp32)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _positions_tensor(
+    positions: PositionsLike, seq: int, device: torch.device, dtype: torch.dtype
+) -> torch.Tensor:
+    """Positions as a tensor of ``dtype`` whose last dimension has length ``seq``."""
+    if positions is None:
+        return torch.arange(seq, device=device, dtype=dtype)
+    if isinstance(positions, torch.Tensor):
+        pos = positions.to(device=device, dtype=dtype)
+    else:
+        pos = torch.as_tensor(positions, device=device, dtype=dtype)
+    if pos.dim() == 0 or pos.shape[-1] != seq:
+        raise ValueError(
+            "positions must have one entry per sequence position (last dimension = seq = "
+            f"{seq}), got shape {tuple(pos.shape)}"
+        )
+    if not torch.isfinite(pos).all():
+        raise ValueError("positions must be finite")
+    return pos
+
+
+# ----------------------------------------------------------------- frequencies, angles
+def rope_frequencies(
+    head_dim: int, base: float = 10000.0, dtype: torch.dtype = torch.float32, device=None
+) -> torch.Tensor:
+    r"""The rotation frequencies :math:`\theta_i = \text{base}^{-2i/d}`, ``i = 0 .. d/2-1``.
+
+    Args:
+        head_dim: :math:`d`, even and >= 2.
+        base: the base of the geometric progression (10000 in RoFormer and the
+            Transformer's sinusoidal encoding).
+        dtype: float32 (default) or float64.
+
+    Returns:
+        Tensor of shape ``(head_dim // 2,)``; ``theta[0] == 1`` (fastest pair), the last is
+        the slowest, :math:`\text{base}^{-(d-2)/d}`.
+    """
+    _check_head_dim(head_dim)
+    base = _check_base(base)
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"dtype must be torch.float32 or torch.float64 (angles need it), got {dtype}")
+    # Computed in float64, then rounded once: the same numbers whatever the device.
+    i = torch.arange(0, head_dim // 2, dtype=torch.float64)
+    theta = base ** (-2.0 * i / head_dim)
+    return theta.to(dtype=dtype, device=device)
+
+
+def rope_angles(
+    positions: PositionsLike,
+    head_dim: int,
+    base: float = 10000.0,
+    dtype: torch.dtype = torch.float32,
+    device=None,
+) -> torch.Tensor:
+    r"""The angles :math:`m\theta_i` as a ``(..., seq, head_dim // 2)`` tensor.
+
+    ``positions`` is an int (``seq``, meaning positions ``0 .. seq-1``), a sequence or a
+    tensor of positions (integers or, for interpolated positions, floats).
+    """
+    _check_head_dim(head_dim)
+    if isinstance(positions, int) and not isinstance(positions, bool):
+        if positions < 0:
+            raise ValueError(f"positions as an int is a sequence length and must be >= 0, got {positions}")
+        pos = torch.arange(positions, dtype=dtype, device=device)
+    else:
+        pos = torch.as_tensor(positions, dtype=dtype, device=device)
+        if pos.dim() == 0:
+            pos = pos.reshape(1)
+    theta = rope_frequencies(head_dim, base, dtype=dtype, device=device)
+    return pos[..., None] * theta
+
+
+# ------------------------------------------------------------------ the matrix form
+def rotation_matrix(
+    position: Union[int, float],
+    head_dim: int,
+    base: float = 10000.0,
+    dtype: torch.dtype = torch.float32,
+    device=None,
+) -> torch.Tensor:
+    r"""The dense block-diagonal rotation :math:`R_m` of RoFormer eq. (15), as in the notes.
+
+    .. math::
+        R_m = \operatorname{diag}\Big(
+        \begin{bmatrix}\cos m\theta_0 & -\sin m\theta_0\\ \sin m\theta_0 & \cos m\theta_0\end{bmatrix},
+        \dots,
+        \begin{bmatrix}\cos m\theta_{d/2-1} & -\sin m\theta_{d/2-1}\\ \sin m\theta_{d/2-1} & \cos m\theta_{d/2-1}\end{bmatrix}\Big)
+
+    The 2x2 block ``i`` sits on the adjacent dimensions ``2i, 2i+1``.
+
+    Args:
+        position: :math:`m`, the absolute position (an int, or a float for interpolated
+            positions).
+        head_dim: :math:`d`, even and >= 2.
+        base: frequency base, > 0.
+        dtype: float32 (default) or float64; angles are computed in this dtype.
+
+    Returns:
+        Tensor ``(head_dim, head_dim)``.
+    """
+    _check_head_dim(head_dim)
+    base = _check_base(base)
+    if isinstance(position, torch.Tensor):
+        if position.numel() != 1:
+            raise ValueError(f"position must be a single number, got a tensor of shape {tuple(position.shape)}")
+        position = position.item()
+    if isinstance(position, bool) or not isinstance(position, (int, float)) or not math.isfinite(position):
+        raise ValueError(f"position must be a finite number, got {position!r}")
+    angle = position * rope_frequencies(head_dim, base, dtype=dtype, device=device)
+    cos, sin = torch.cos(angle), torch.sin(angle)
+    R = torch.zeros(head_dim, head_dim, dtype=dtype, device=device)
+    idx = torch.arange(0, head_dim, 2, device=device)
+    R[idx, idx] = cos
+    R[idx, idx + 1] = -sin
+    R[idx + 1, idx] = sin
+    R[idx + 1, idx + 1] = cos
+    return R
+
+
+def apply_rope_matrix(
+    x: torch.Tensor, positions: PositionsLike = None, base: float = 10000.0
+) -> torch.Tensor:
+    r"""Rotate each row of ``x`` by the dense matrix :math:`R_m`: the O(d^2) reference.
+
+    ``out[..., m, :] = R_{p_m} @ x[..., m, :]`` with :math:`p_m` = ``positions[m]``
+    (default ``0 .. seq-1``). It builds one ``(d, d)`` matrix per position, so it costs
+    :math:`O(\text{seq}\cdot d^2)` time and memory: use it to check, not to run.
+
+    Args:
+        x: ``(..., seq, head_dim)``, floating point.
+        positions: ``None`` or ``seq`` positions (sequence or 1-D tensor).
+        base: frequency base, > 0.
+
+    Returns:
+        Tensor of the shape and dtype of ``x``.
+    """
+    _check_x(x)
+    base = _check_base(base)
+    seq, d = x.shape[-2], x.shape[-1]
+    adt = _angle_dtype(x.dtype)
+    pos = _positions_tensor(positions, seq, x.device, adt)
+    if pos.dim() != 1:
+        raise ValueError(f"positions must be 1-D (seq,) for apply_rope_matrix, got shape {tuple(pos.shape)}")
+    R = torch.stack([rotation_matrix(float(p), d, base, dtype=adt, device=x.device) for p in pos])
+    out = torch.einsum("mij,...mj->...mi", R, x.to(adt))
+    return out.to(x.dtype)
+
+
+# --------------------------------------------------------------- element-wise forms
+def _cos_sin(
+    seq: int, head_dim: int, base: float, positions: PositionsLike, device, adt: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the angles, ``(..., seq, head_dim // 2)``, in the angle dtype."""
+    pos = _positions_tensor(positions, seq, device, adt)
+    angle = pos[..., None] * rope_frequencies(head_dim, base, dtype=adt, device=device)
+    return torch.cos(angle), torch.sin(angle)
+
+
+def _rotate(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str
+) -> torch.Tensor:
+    """Apply the rotation given per-pair ``cos``/``sin`` (broadcastable to ``(..., seq, d/2)``).
+
+        first  = x_a * cos - x_b * sin
+        second = x_b * cos + x_a * sin
+
+    where ``(x_a, x_b)`` are the two members of each pair: ``(x[2i], x[2i+1])`` in the
+    interleaved layout, ``(x[i], x[i + d/2])`` in the half layout. No ``cat``/``stack``
+    of ``x`` and no rotated copy of ``x``: the result is assembled in one preallocated
+    output with ``torch.mul(..., out=)`` and fused multiply-adds (``addcmul_``).
+    """
+    d = x.shape[-1]
+    if cos.dtype != x.dtype:
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    if layout == "half":
+        # Each half is a run of d/2 contiguous numbers: one full-width multiply by
+        # (cos, cos), then one fused multiply-add per half.
+        h = d // 2
+        out = x * torch.cat([cos, cos], dim=-1)
+        out[..., :h].addcmul_(x[..., h:], sin, value=-1.0)
+        out[..., h:].addcmul_(x[..., :h], sin)
+        return out
+    xa, xb = x[..., 0::2], x[..., 1::2]
+    shape = torch.broadcast_shapes(x.shape[:-1] + (d // 2,), cos.shape)
+    out = torch.empty(shape[:-1] + (d,), dtype=x.dtype, device=x.device)
+    oa, ob = out[..., 0::2], out[..., 1::2]
+    torch.mul(xa, cos, out=oa)
+    oa.addcmul_(xb, sin, value=-1.0)
+    torch.mul(xb, cos, out=ob)
+    ob.addcmul_(xa, sin)
+    return out
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_tables(
+    seq: int, head_dim: int, base: float, device: str, adt: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """cos, sin ``(seq, d/2)`` and ``cos + i sin`` for positions ``0 .. seq-1`` (memoised).
+
+    Production code keeps such a table (a "cos/sin cache") instead of recomputing
+    ``seq * d/2`` cosines and sines for every layer and every step.
+    """
+    cos, sin = _cos_sin(seq, head_dim, base, None, torch.device(device), adt)
+    return cos, sin, torch.complex(cos, sin)
+
+
+def _complex_viewable(x: torch.Tensor) -> bool:
+    """Can ``x.unflatten(-1, (d/2, 2))`` be viewed as complex without a copy?"""
+    return (
+        x.dtype in (torch.float32, torch.float64)
+        and x.stride(-1) == 1
+        and x.storage_offset() % 2 == 0
+        and all(st % 2 == 0 for st, n in zip(x.stride()[:-1], x.shape[:-1]) if n > 1)
+    )
+
+
+def apply_rope(
+    x: torch.Tensor,
+    positions: PositionsLike = None,
+    base: float = 10000.0,
+    layout: str = "interleaved",
+) -> torch.Tensor:
+    r"""Rotate ``x`` by RoPE with the element-wise form (RoFormer eq. 34).
+
+    For ``layout="interleaved"`` (pairs ``2i, 2i+1``):
+
+    .. math::
+        R_m x = x \otimes (\cos m\theta_0, \cos m\theta_0, \cos m\theta_1, \dots)
+              + (-x_1, x_0, -x_3, x_2, \dots) \otimes (\sin m\theta_0, \sin m\theta_0, \dots)
+
+    For ``layout="half"`` (pairs ``i, i+d/2``) the same rotation acts on
+    ``interleaved_to_half``-permuted coordinates:
+    ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = cat(-x[d/2:], x[:d/2])``.
+
+    How it is made fast in eager PyTorch (``notebooks/02_rope_efficient.ipynb`` measures
+    each step): the cos/sin table for positions ``0 .. seq-1`` is memoised; for float32
+    and float64 input in the interleaved layout the pairs are viewed (no copy) as complex
+    numbers and multiplied by :math:`e^{im\theta_i}` in a single vectorised pass, which
+    computes exactly ``(a cos - b sin, b cos + a sin)``; otherwise the two halves of each
+    pair are combined into one preallocated output with ``torch.mul(..., out=)`` and
+    ``addcmul_`` (no ``cat``, ``stack`` or rotated copy of ``x``).
+
+    Args:
+        x: ``(..., seq, head_dim)``, e.g. ``(batch, heads, seq, head_dim)``.
+        positions: ``None`` (``0 .. seq-1``), or positions of shape ``(seq,)`` or any
+            shape broadcastable to ``x.shape[:-1]`` whose last dimension is ``seq``
+            (integers, or floats for interpolated positions).
+        base: frequency base, > 0.
+        layout: ``"interleaved"`` or ``"half"``.
+
+    Returns:
+        Tensor of the shape and dtype of ``x``. Angles are computed in float32 (float64
+        for float64 input); cos/sin are cast to ``x.dtype`` before multiplying.
+    """
+    _check_x(x)
+    base = _check_base(base)
+    _check_layout(layout)
+    seq, d = x.shape[-2], x.shape[-1]
+    adt = _angle_dtype(x.dtype)
+    if positions is None:
+        cos, sin, rot = _cached_tables(seq, d, base, str(x.device), adt)
+    else:
+        cos, sin = _cos_sin(seq, d, base, positions, x.device, adt)
+        rot = None
+    if layout == "interleaved" and _complex_viewable(x):
+        if rot is None:
+            rot = torch.complex(cos, sin)
+        z = torch.view_as_complex(x.unflatten(-1, (d // 2, 2)))
+        return torch.view_as_real(z * rot).flatten(-2)
+    return _rotate(x, cos, sin, layout)
+
+
+def apply_rope_complex(
+    x: torch.Tensor, positions: PositionsLike = None, base: float = 10000.0
+) -> torch.Tensor:
+    r"""RoPE as complex multiplication (interleaved layout), as in Meta's original Llama.
+
+    Pair ``(x_{2i}, x_{2i+1})`` is the complex number :math:`z_i = x_{2i} + i\,x_{2i+1}`;
+    rotating it by :math:`m\theta_i` is :math:`z_i e^{i m\theta_i}`
+    (``torch.polar(1, angle)``). Computed in complex64 (complex128 for float64 input).
+
+    Args / Returns: as :func:`apply_rope` with ``layout="interleaved"``.
+    """
+    _check_x(x)
+    base = _check_base(base)
+    adt = _angle_dtype(x.dtype)
+    seq, d = x.shape[-2], x.shape[-1]
+    pos = _positions_tensor(positions, seq, x.device, adt)
+    angle = pos[..., None] * rope_frequencies(d, base, dtype=adt, device=x.device)
+    rot = torch.polar(torch.ones_like(angle), angle)  # e^{i m theta_i}
+    z = torch.view_as_complex(x.to(adt).reshape(*x.shape[:-1], d // 2, 2).contiguous())
+    return torch.view_as_real(z * rot).flatten(-2).to(x.dtype)
+
+
+# ------------------------------------------------------------------ layout permutation
+def interleaved_to_half_index(head_dim: int) -> torch.Tensor:
+    """The index ``perm`` with ``x_half = x_interleaved[..., perm]``: ``(0, 2, 4, ..., 1, 3, 5, ...)``.
+
+    Pair ``i`` sits at ``(2i, 2i+1)`` in the interleaved layout and at ``(i, i + d/2)``
+    in the half layout, so the half layout lists the first members of all pairs, then
+    the second members.
+    """
+    _check_head_dim(head_dim)
+    return torch.cat([torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)])
+
+
+def interleaved_to_half(x: torch.Tensor) -> torch.Tensor:
+    """Permute the last dimension from the interleaved layout to the half layout.
+
+    ``apply_rope(interleaved_to_half(x), layout="half") ==
+    interleaved_to_half(apply_rope(x, layout="interleaved"))``.
+    """
+    _check_head_dim(x.shape[-1], name="head_dim (x.shape[-1])")
+    d = x.shape[-1]
+    return torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)
+
+
+def half_to_interleaved(x: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`interleaved_to_half`: ``(a_0..a_{d/2-1}, b_0..) -> (a_0, b_0, a_1, b_1, ...)``."""
+    _check_head_dim(x.shape[-1], name="head_dim (x.shape[-1])")
+    d = x.shape[-1]
+    return torch.stack([x[..., : d // 2], x[..., d // 2 :]], dim=-1).flatten(-2)
+
+
+# ------------------------------------------------------------------------- module
+class RotaryEmbedding(torch.nn.Module):
+    r"""RoPE with a cached cos/sin table, as production code bases do.
+
+    ``forward(x, positions=None)`` rotates ``x`` of shape ``(..., seq, head_dim)``.
+    The cache holds cos/sin for positions ``0 .. n-1`` in the angle dtype (float32, or
+    float64 after ``.double()``-style use with float64 input); it grows (doubling) when a
+    longer sequence or a larger integer position arrives, so it never fails on length.
+    It follows the input's device. Non-integer positions (e.g. interpolated) are
+    computed directly instead of being looked up.
+
+    Args:
+        head_dim: even, >= 2.
+        base: frequency base, > 0.
+        layout: ``"interleaved"`` or ``"half"``.
+        initial_cache_len: how many positions to precompute.
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        base: float = 10000.0,
+        layout: str = "interleaved",
+        initial_cache_len: int = 256,
+    ) -> None:
+        super().__init__()
+        self.head_dim = _check_head_dim(head_dim)
+        self.base = _check_base(base)
+        self.layout = _check_layout(layout)
+        if isinstance(initial_cache_len, bool) or not isinstance(initial_cache_len, int) or initial_cache_len < 1:
+            raise ValueError(f"initial_cache_len must be an int >= 1, got {initial_cache_len!r}")
+        self._cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._initial = initial_cache_len
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, base={self.base:g}, layout={self.layout!r}"
+
+    def cache_len(self, device=None, dtype: torch.dtype = torch.float32) -> int:
+        """Number of cached positions for this device and angle dtype (0 if none)."""
+        key = (torch.device(device) if device is not None else torch.device("cpu"), _angle_dtype(dtype))
+        entry = self._cache.get(key)
+        return 0 if entry is None else entry[0].shape[0]
+
+    def cos_sin(self, n: int, device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin for positions ``0 .. n-1``, ``(n, head_dim // 2)``, in ``dtype``."""
+        adt = _angle_dtype(dtype)
+        key = (torch.device(device), adt)
+        entry = self._cache.get(key)
+        if entry is None or entry[0].shape[0] < n:
+            size = max(n, self._initial, 2 * (entry[0].shape[0] if entry is not None else 0))
+            angle = rope_angles(size, self.head_dim, self.base, dtype=adt, device=device)
+            entry = (torch.cos(angle), torch.sin(angle))
+            self._cache[key] = entry
+        cos, sin = entry[0][:n], entry[1][:n]
+        return cos.to(dtype), sin.to(dtype)
+
+    def forward(self, x: torch.Tensor, positions: PositionsLike = None) -> torch.Tensor:
+        _check_x(x)
+        if x.shape[-1] != self.head_dim:
+            raise ValueError(
+                f"x.shape[-1] must equal head_dim={self.head_dim}, got shape {tuple(x.shape)}"
+            )
+        seq = x.shape[-2]
+        if positions is None:
+            cos, sin = self.cos_sin(seq, x.device, x.dtype)
+            return _rotate(x, cos, sin, self.layout)
+        adt = _angle_dtype(x.dtype)
+        pos = _positions_tensor(positions, seq, x.device, adt)
+        is_int = bool((pos == pos.round()).all()) and bool((pos >= 0).all())
+        if is_int:
+            n = int(pos.max().item()) + 1 if pos.numel() else 0
+            cos_t, sin_t = self.cos_sin(n, x.device, adt)
+            idx = pos.long()
+            cos, sin = cos_t[idx].to(x.dtype), sin_t[idx].to(x.dtype)
+        else:
+            cos, sin = _cos_sin(seq, self.head_dim, self.base, pos, x.device, adt)
+        return _rotate(x, cos, sin, self.layout)
