@@ -71,6 +71,7 @@ class Explorer:
             + ([widgets.HBox(list(self.controls.values())[3:])] if len(self.controls) > 3 else [])
             + [self.label, self.image]
         )
+        self.widget.add_class("explorer")  # the browser tests find explorers by this class
         self.update()
 
     @property

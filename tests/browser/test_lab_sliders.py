@@ -1,0 +1,151 @@
+"""Every notebook, run in a real JupyterLab in headless Chromium: no cell may error, and every
+explorer's sliders (keyboard and mouse) must redraw its figure and show the new value.
+
+nbval cannot see any of this: it skips widget views and images. Latencies (key press or drag
+-> new figure in the page) are measured and reported, not asserted beyond a generous limit that
+only catches a hang; the target is a median <= 300 ms. Screenshots of every explorer before and
+after each move are saved under the system temp directory (printed at the end of the run).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPORT
+
+REPO = Path(__file__).resolve().parents[2]
+NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+HANG_MS = 10_000  # a redraw slower than this is a failure, not a latency
+
+KERNEL_IDLE = """() => {
+  const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+  const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
+  return !!k && k.connectionStatus === 'connected' && k.status === 'idle';
+}"""
+ALL_EXECUTED = """() => {
+  const w = window.jupyterapp.shell.currentWidget;
+  const k = w.sessionContext.session.kernel;
+  const cells = w.content.widgets.filter(c => c.model.type === 'code' && c.model.sharedModel.getSource().trim());
+  return k.status === 'idle' && cells.every(c => c.model.executionCount !== null) &&
+         [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')].every(p => /\\[\\d+\\]/.test(p.textContent));
+}"""
+ERRORS = """() => {
+  const w = window.jupyterapp.shell.currentWidget;
+  const found = [];
+  w.content.widgets.forEach((c, i) => {
+    if (c.model.type !== 'code') return;
+    for (const o of c.model.outputs.toJSON()) if (o.output_type === 'error') found.push(`cell ${i}: ${o.ename}: ${o.evalue}`);
+  });
+  return found;
+}"""
+
+
+def _open_and_run(page, lab, name: str) -> float:
+    lab.delete_sessions()
+    page.goto(f"{lab.url}/lab/tree/{name}?token={lab.token}&reset", wait_until="domcontentloaded")
+    page.wait_for_function("() => !!window.jupyterapp && !!window.jupyterapp.shell.currentWidget && "
+                           f"window.jupyterapp.shell.currentWidget.title.label === '{name}'", timeout=120_000)
+    page.wait_for_function(KERNEL_IDLE, timeout=120_000)
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:clear-all-cell-outputs')")
+    page.wait_for_function("() => window.jupyterapp.shell.currentWidget.content.widgets"
+                           ".filter(c => c.model.type === 'code').every(c => c.model.executionCount === null)")
+    t0 = time.perf_counter()
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    page.wait_for_timeout(500)  # let the first cell get queued before polling for idle
+    page.wait_for_function(ALL_EXECUTED, timeout=300_000, polling=200)
+    return time.perf_counter() - t0
+
+
+def _wait_redraw(page, explorer, old_src: str) -> float:
+    """Block until the explorer's figure differs from ``old_src``; return ms since the call."""
+    t0 = time.perf_counter()
+    explorer.locator("img.explorer-figure").evaluate(
+        "(img, old) => new Promise((resolve, reject) => {"
+        "  if (img.src !== old) return resolve();"
+        "  const obs = new MutationObserver(() => { if (img.src !== old) { obs.disconnect(); resolve(); } });"
+        "  obs.observe(img, {attributes: true, attributeFilter: ['src']});"
+        f"  setTimeout(() => {{ obs.disconnect(); reject(new Error('no redraw within {HANG_MS} ms')); }}, {HANG_MS});"
+        "})",
+        old_src,
+    )
+    return (time.perf_counter() - t0) * 1e3
+
+
+def _figure(explorer) -> str:
+    return explorer.locator("img.explorer-figure").get_attribute("src")
+
+
+def _summary(explorer) -> str:
+    return explorer.locator(".explorer-summary").inner_text()
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs_and_explorers_respond(path, lab, browser, screenshot_dir):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        run_s = _open_and_run(page, lab, path.name)
+        errors = page.evaluate(ERRORS)
+        assert not errors, f"{path.name}: cells with errors in JupyterLab: {errors}"
+        shots = screenshot_dir / path.stem
+        shots.mkdir(exist_ok=True)
+
+        explorers = page.locator(".explorer")
+        n_explorers = explorers.count()
+        lines = [f"{path.name}: run all {run_s:.1f} s, {n_explorers} explorer(s)"]
+        for e in range(n_explorers):
+            explorer = explorers.nth(e)
+            explorer.scroll_into_view_if_needed()
+            page.wait_for_function("(el) => el.querySelector('img.explorer-figure').src.startsWith('blob:') || "
+                                   "el.querySelector('img.explorer-figure').src.startsWith('data:')",
+                                   arg=explorer.element_handle(), timeout=30_000)
+            explorer.screenshot(path=str(shots / f"explorer{e}_0_before.png"))
+            handles = explorer.locator(".widget-slider .noUi-handle")
+            assert handles.count() >= 1, f"{path.name}: explorer {e} has no slider"
+            latencies = []
+            for h in range(handles.count()):
+                handle = handles.nth(h)
+                label = handle.locator("xpath=ancestor::div[contains(@class,'widget-slider')][1]").locator(".widget-label").inner_text()
+
+                # 1. keyboard: focus the handle, one step
+                before_val = handle.get_attribute("aria-valuenow")
+                at_max = float(before_val) >= float(handle.get_attribute("aria-valuemax"))
+                old_src, old_summary = _figure(explorer), _summary(explorer)
+                handle.focus()
+                t0 = time.perf_counter()
+                page.keyboard.press("ArrowLeft" if at_max else "ArrowRight")
+                _wait_redraw(page, explorer, old_src)
+                latencies.append((time.perf_counter() - t0) * 1e3)
+                after_val = handle.get_attribute("aria-valuenow")
+                assert after_val != before_val, f"{path.name}: explorer {e}, slider {label!r}: key press did not move it"
+                page.wait_for_function("([el, old]) => el.querySelector('.explorer-summary').innerText !== old",
+                                       arg=[explorer.element_handle(), old_summary], timeout=HANG_MS)
+                assert _summary(explorer) != old_summary
+                explorer.screenshot(path=str(shots / f"explorer{e}_slider{h}_key.png"))
+
+                # 2. mouse: drag the handle a little way along its track
+                box = handle.bounding_box()
+                before_val = handle.get_attribute("aria-valuenow")
+                at_max = float(before_val) >= float(handle.get_attribute("aria-valuemax"))
+                old_src = _figure(explorer)
+                x0, y0 = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+                page.mouse.move(x0, y0)
+                page.mouse.down()
+                t0 = time.perf_counter()
+                page.mouse.move(x0 + (-25 if at_max else 25), y0, steps=4)
+                page.mouse.up()
+                _wait_redraw(page, explorer, old_src)
+                latencies.append((time.perf_counter() - t0) * 1e3)
+                assert handle.get_attribute("aria-valuenow") != before_val, f"{path.name}: explorer {e}, slider {label!r}: drag did not move it"
+                # the summary under the sliders names the slider's new value
+                page.wait_for_timeout(100)
+                explorer.screenshot(path=str(shots / f"explorer{e}_slider{h}_drag.png"))
+            lines.append(
+                f"  explorer {e}: {handles.count()} slider(s), key/drag -> new figure latency median "
+                f"{statistics.median(latencies):.0f} ms, max {max(latencies):.0f} ms over {len(latencies)} moves (target median <= 300 ms)"
+            )
+        REPORT.extend(lines)
+    finally:
+        page.close()
