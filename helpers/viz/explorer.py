@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import io
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Optional, Sequence
 
+import numpy as np
+import PIL.Image
 from matplotlib.figure import Figure
 
 __all__ = ["Explorer", "FIGSIZE"]
@@ -38,6 +40,11 @@ class Explorer:
         summary: ``summary(state) -> str`` shown in a label under the sliders (and used
             by tests to see the new value).
         dpi: PNG resolution.
+        animated: optional list of the artists that ``draw`` changes. When given, the rest of
+            the figure (axes, ticks, labels: most of the rendering time) is rendered once and
+            kept as a background; each update only restores it and draws these artists
+            ("blitting"). ``draw`` must then leave everything else, axis limits included,
+            unchanged.
     """
 
     def __init__(
@@ -48,6 +55,7 @@ class Explorer:
         figure: Figure,
         summary: Callable[[dict], str],
         dpi: int = 80,
+        animated: Optional[Sequence[Any]] = None,
     ) -> None:
         import ipywidgets as widgets
 
@@ -57,6 +65,15 @@ class Explorer:
         self.figure = figure
         self.summary = summary
         self.dpi = dpi
+        self.animated = list(animated) if animated else []
+        self._background = None
+        if self.animated:
+            from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+            FigureCanvasAgg(figure)
+            figure.set_dpi(dpi)
+            for artist in self.animated:
+                artist.set_animated(True)
         self.image = widgets.Image(format="png")
         self.image.add_class("explorer-figure")
         self.label = widgets.HTML()
@@ -86,13 +103,27 @@ class Explorer:
         t0 = time.perf_counter()
         self.state = self.compute(**self.values)
         self.draw(self.state)
-        buf = io.BytesIO()
-        self.figure.savefig(buf, format="png", dpi=self.dpi)
-        self.image.value = buf.getvalue()
+        self.image.value = self._render()
         self.label.value = self.summary(self.state)
         self.last_ms = (time.perf_counter() - t0) * 1e3
         self.times_ms.append(self.last_ms)
         return self.state
+
+    def _render(self) -> bytes:
+        buf = io.BytesIO()
+        if not self.animated:
+            self.figure.savefig(buf, format="png", dpi=self.dpi)
+            return buf.getvalue()
+        canvas = self.figure.canvas
+        if self._background is None:
+            canvas.draw()  # everything but the animated artists
+            self._background = canvas.copy_from_bbox(self.figure.bbox)
+        canvas.restore_region(self._background)
+        for artist in self.animated:
+            self.figure.draw_artist(artist)
+        rgba = np.asarray(canvas.buffer_rgba())
+        PIL.Image.fromarray(rgba[..., :3]).save(buf, format="png", compress_level=1)
+        return buf.getvalue()
 
     def set(self, **values) -> dict:
         """Move sliders programmatically (as a learner would) and return the new state."""

@@ -40,8 +40,8 @@ def rope_explorer_state(m: int, pair: int, log10_base: float, head_dim: int = 64
     Returns a dict with ``base``, ``theta`` (d/2,), ``angles`` = m*theta (d/2,), the
     selected pair's ``angle`` (radians, unwrapped) and ``angle_wrapped`` in [0, 2pi),
     ``wavelength`` = 2pi/theta_pair (positions per turn), the pair's unit vector
-    ``point`` = (cos, sin), the rotated first pair of a fixed q, and the long-term decay
-    curves (see :func:`long_term_decay`) with the current ``m`` as the marked distance.
+    ``point`` = (cos, sin) (the pair (1, 0) rotated by m*theta_i), and the long-term decay
+    curves (see :func:`long_term_decay`); the figure marks the distance m (query at m, key at 0).
     """
     if not (0 <= pair < head_dim // 2):
         raise ValueError(f"pair must be in [0, head_dim/2) = [0, {head_dim // 2}), got {pair}")
@@ -74,7 +74,10 @@ def rope_explorer(head_dim: int = 64, max_distance: int = 256, m: int = 5, pair:
     Left: the selected pair as a unit vector rotated by :math:`m\\theta_i` (the arc shows
     the angle). Middle: every pair's angle :math:`m\\theta_i \\bmod 2\\pi` (fast pairs wrap,
     slow pairs barely move). Right: the long-term decay bound and the all-ones score
-    against relative distance, the current ``m`` marked.
+    against relative distance, the distance ``m`` (query at ``m``, key at 0) marked.
+
+    Every axis limit is fixed (the bound starts at (d/2+1)/2 and the all-ones score at d
+    for every base), so the explorer redraws only the moving artists (blitting).
     """
     import ipywidgets as widgets
 
@@ -91,6 +94,8 @@ def rope_explorer(head_dim: int = 64, max_distance: int = 256, m: int = 5, pair:
     ax_c.annotate("", xy=(1, 0), xytext=(0, 0), arrowprops=dict(arrowstyle="->", color="0.6"))
     arrow = ax_c.annotate("", xy=(1, 0), xytext=(0, 0), arrowprops=dict(arrowstyle="->", color="C3", lw=2))
     (arc,) = ax_c.plot([], [], color="C3", lw=1)
+    title_c = ax_c.set_title(" ", fontsize=9)
+    suptitle = fig.suptitle(" ", fontsize=10)
     ax_c.set_xlim(-1.25, 1.25)
     ax_c.set_ylim(-1.25, 1.25)
     ax_c.set_aspect("equal")
@@ -104,11 +109,13 @@ def rope_explorer(head_dim: int = 64, max_distance: int = 256, m: int = 5, pair:
     ax_a.set_xlabel("pair index i")
     ax_a.set_ylabel(r"$m\theta_i$ mod $2\pi$ (rad)")
     ax_a.set_title("angle of every pair")
-    ax_a.legend(loc="upper right", fontsize=7)
+    leg_a = ax_a.legend(loc="upper right", fontsize=7, framealpha=0.9)
     (bound_line,) = ax_d.plot([], [], color="C0", label="relative upper bound")
     ax_d2 = ax_d.twinx()
     (ones_line,) = ax_d2.plot([], [], color="C2", lw=0.8, alpha=0.8, label=r"score, $q=k=\mathbf{1}$")
-    vline = ax_d.axvline(0, color="C3", ls="--", lw=1, label="current m")
+    vline = ax_d.axvline(0, color="C3", ls="--", lw=1, label="distance m (key at 0)")
+    ax_d.set_ylim(0, 1.05 * (head_dim / 2 + 1) / 2)  # the bound's maximum, at distance 0, for every base
+    ax_d2.set_ylim(-0.45 * head_dim, 1.05 * head_dim)  # the all-ones score starts at d
     ax_d.set_xlim(0, max_distance)
     ax_d.set_xlabel("relative distance m - n (positions)")
     ax_d.set_ylabel("bound")
@@ -116,7 +123,7 @@ def rope_explorer(head_dim: int = 64, max_distance: int = 256, m: int = 5, pair:
     ax_d.set_title("long-term decay")
     h1, l1 = ax_d.get_legend_handles_labels()
     h2, l2 = ax_d2.get_legend_handles_labels()
-    ax_d.legend(h1 + h2, l1 + l2, loc="upper right", fontsize=7)
+    leg_d = ax_d.legend(h1 + h2, l1 + l2, loc="upper right", fontsize=7, framealpha=0.9)
 
     def compute(m: int, pair: int, log10_base: float) -> dict:
         return rope_explorer_state(m, pair, log10_base, head_dim=head_dim, max_distance=max_distance)
@@ -126,17 +133,14 @@ def rope_explorer(head_dim: int = 64, max_distance: int = 256, m: int = 5, pair:
         arrow.xy = (x, y)
         tt = np.linspace(0, s["angle_wrapped"], 60)
         arc.set_data(0.35 * np.cos(tt), 0.35 * np.sin(tt))
-        ax_c.set_title(f"pair {s['pair']}: m={s['m']}, angle {s['angle_wrapped']:.2f} rad", fontsize=9)
+        title_c.set_text(f"pair {s['pair']}: m={s['m']}, angle {s['angle_wrapped']:.2f} rad")
         wrapped = np.mod(s["angles"], 2 * np.pi)
         dots.set_ydata(wrapped)
         sel.set_data([s["pair"]], [wrapped[s["pair"]]])
         bound_line.set_data(s["distance"], s["bound"])
         ones_line.set_data(s["distance"], s["ones_score"])
-        ax_d.set_ylim(0, 1.05 * s["bound"].max())
-        lo, hi = s["ones_score"].min(), s["ones_score"].max()
-        ax_d2.set_ylim(lo - 0.05 * (hi - lo), hi + 0.05 * (hi - lo))
         vline.set_xdata([s["m"], s["m"]])
-        fig.suptitle(f"RoPE, d={s['head_dim']}, base={s['base']:.3g}", fontsize=10)
+        suptitle.set_text(f"RoPE, d={s['head_dim']}, base={s['base']:.3g}")
 
     def summary(s: dict) -> str:
         return (
@@ -146,4 +150,6 @@ def rope_explorer(head_dim: int = 64, max_distance: int = 256, m: int = 5, pair:
             f"wavelength = {s['wavelength']:.1f} positions"
         )
 
-    return Explorer(controls, compute, draw, fig, summary)
+    # legends last, so that they stay on top of the moving lines
+    animated = [arrow, arc, title_c, dots, sel, bound_line, ones_line, vline, suptitle, leg_a, leg_d]
+    return Explorer(controls, compute, draw, fig, summary, animated=animated)

@@ -1,0 +1,220 @@
+"""Figures and the explorer of notebook 02 (efficient RoPE: layouts, precision, cost).
+
+* :func:`rope_cache_state` -- the pure function behind the explorer: the cos/sin cache for
+  a range of positions and a fixed vector rotated by it.
+* :func:`rope_cache_explorer` -- sliders for ``head_dim``, base and the position range.
+* :func:`plot_angle_precision` -- angle and rotation error against position (bf16 vs fp32).
+* :func:`plot_rope_benchmark` -- time against ``head_dim`` and against ``seq``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from .. import rope as _rope
+from .explorer import Explorer
+
+__all__ = ["rope_cache_state", "rope_cache_explorer", "plot_angle_precision", "plot_rope_benchmark"]
+
+
+def _fixed_vector(head_dim: int) -> torch.Tensor:
+    """The vector the explorer rotates: every pair equal to ``(1, 0)`` rotated by 45 degrees,
+    ``(1/sqrt 2, 1/sqrt 2)`` in each pair, scaled to unit norm (the same for every ``head_dim``)."""
+    return torch.full((head_dim,), 1.0 / math.sqrt(head_dim), dtype=torch.float64)
+
+
+def rope_cache_state(
+    head_dim: int = 64,
+    log10_base: float = 4.0,
+    positions: Sequence[int] = (0, 512),
+    max_rows: int = 256,
+) -> dict:
+    r"""What notebook 02's explorer shows (pure: no widgets, no figure).
+
+    The cos/sin cache is the ``(n_positions, head_dim/2)`` table of :math:`\cos m\theta_i`
+    and :math:`\sin m\theta_i` that production code precomputes once (``helpers.rope``
+    memoises it). The fixed vector :math:`\mathbf q = \mathbf 1/\sqrt d` is rotated at
+    every displayed position with :func:`helpers.rope.apply_rope` (interleaved layout).
+
+    Args:
+        head_dim: even, >= 2.
+        log10_base: the base is ``10 ** log10_base``.
+        positions: ``(start, end)``, inclusive, ``0 <= start <= end``.
+        max_rows: at most this many positions are displayed (evenly spaced integers).
+
+    Returns:
+        dict with ``head_dim``, ``base``, ``positions`` (P,) int64 numpy, ``theta`` (d/2,),
+        ``wavelength`` (d/2,) in positions, ``cos`` and ``sin`` (P, d/2), ``q`` (d,),
+        ``rotated`` (P, d), ``pairs`` (the three pairs drawn: fastest, middle, slowest),
+        ``norm_error`` (max | ||R_m q|| - ||q|| |), ``full_turn_pairs`` (pairs whose
+        wavelength fits in the range), ``cache_bytes_fp32`` (the cos + sin table for
+        positions ``0 .. end`` in float32) and ``matrix_bytes_fp32`` (the dense ``R_m``
+        for the same positions).
+    """
+    if isinstance(positions, (int, float)) or len(positions) != 2:
+        raise ValueError(f"positions must be a (start, end) pair, got {positions!r}")
+    start, end = int(positions[0]), int(positions[1])
+    if not 0 <= start <= end:
+        raise ValueError(f"positions must satisfy 0 <= start <= end, got ({start}, {end})")
+    if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 2:
+        raise ValueError(f"max_rows must be an int >= 2, got {max_rows!r}")
+    base = float(10.0 ** log10_base)
+    step = max(1, math.ceil((end - start + 1) / max_rows))
+    pos = torch.arange(start, end + 1, step, dtype=torch.int64)
+    theta = _rope.rope_frequencies(head_dim, base, dtype=torch.float64)
+    angles = _rope.rope_angles(pos, head_dim, base, dtype=torch.float64)  # (P, d/2)
+    q = _fixed_vector(head_dim)
+    rotated = _rope.apply_rope(q.expand(len(pos), head_dim), positions=pos, base=base)
+    wavelength = 2 * math.pi / theta
+    half = head_dim // 2
+    n_cached = end + 1
+    return {
+        "head_dim": int(head_dim),
+        "base": base,
+        "start": start,
+        "end": end,
+        "positions": pos.numpy(),
+        "theta": theta.numpy(),
+        "wavelength": wavelength.numpy(),
+        "cos": torch.cos(angles).numpy(),
+        "sin": torch.sin(angles).numpy(),
+        "q": q.numpy(),
+        "rotated": rotated.numpy(),
+        "pairs": (0, half // 2, half - 1),
+        "norm_error": float((rotated.norm(dim=-1) - q.norm()).abs().max()),
+        "full_turn_pairs": int((wavelength <= (end - start)).sum()),
+        "cache_bytes_fp32": 2 * n_cached * half * 4,
+        "matrix_bytes_fp32": n_cached * head_dim * head_dim * 4,
+    }
+
+
+def rope_cache_explorer(
+    head_dim: int = 64, log10_base: float = 4.0, positions: Sequence[int] = (0, 512), max_position: int = 16384
+) -> Explorer:
+    """Notebook 02's explorer: sliders for ``head_dim``, base (log10) and the position range.
+
+    Left and middle: the cos and sin cache as heatmaps (pair index across, position down).
+    Right: the first component :math:`(R_m\\mathbf q)_{2i}` of the fixed vector
+    :math:`\\mathbf q = \\mathbf 1/\\sqrt d` for the fastest, a middle and the slowest pair.
+    """
+    import ipywidgets as widgets
+
+    controls = {
+        "head_dim": widgets.IntSlider(value=head_dim, min=8, max=256, step=8, description="head_dim"),
+        "log10_base": widgets.FloatSlider(value=log10_base, min=2.0, max=6.0, step=0.25, description="log10 base", readout_format=".2f"),
+        "positions": widgets.IntRangeSlider(value=tuple(positions), min=0, max=max_position, step=16, description="positions"),
+    }
+    fig = Figure(figsize=(9.5, 3.4))
+    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.15, top=0.82, wspace=0.45)
+    ax_c, ax_s, ax_r = fig.subplots(1, 3, gridspec_kw={"width_ratios": [1, 1, 1.4]})
+    blank = np.zeros((2, 2))
+    im_c = ax_c.imshow(blank, aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest", origin="upper")
+    im_s = ax_s.imshow(blank, aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest", origin="upper")
+    # Plain-text labels (no mathtext): mathtext is re-parsed on every render and would
+    # take a quarter of the redraw budget.
+    for ax, name in [(ax_c, "cos(m·θ_i)"), (ax_s, "sin(m·θ_i)")]:
+        ax.set_xlabel("pair index i")
+        ax.set_ylabel("position m")
+        ax.set_title(f"cache: {name}", fontsize=9)
+    fig.colorbar(im_s, ax=[ax_c, ax_s], fraction=0.05, pad=0.03, ticks=[-1, 0, 1]).set_label("cache value", labelpad=-4)
+    lines = [ax_r.plot([], [], lw=1, color=f"C{j}", label=lab)[0] for j, lab in enumerate(["fastest pair", "middle pair", "slowest pair"])]
+    ax_r.set_ylim(-0.45, 0.45)
+    ax_r.set_xlabel("position m")
+    ax_r.set_ylabel("component 2i of R_m q")
+    ax_r.set_title("rotated q = (1, ..., 1)/√d", fontsize=9)
+    legend = ax_r.legend(loc="lower left", fontsize=7)
+    # Few tick labels: rendering text is most of the redraw time.
+    for ax in (ax_c, ax_s, ax_r):
+        ax.xaxis.set_major_locator(MaxNLocator(4, integer=True))
+        ax.yaxis.set_major_locator(MaxNLocator(5))
+
+    def compute(head_dim: int, log10_base: float, positions: Sequence[int]) -> dict:
+        return rope_cache_state(head_dim, log10_base, positions)
+
+    def draw(s: dict) -> None:
+        lo, hi = s["positions"][0], s["positions"][-1]
+        extent = (-0.5, s["head_dim"] // 2 - 0.5, hi + 0.5, lo - 0.5)
+        for im, key in [(im_c, "cos"), (im_s, "sin")]:
+            im.set_data(s[key])
+            im.set_extent(extent)
+        for line, text, i in zip(lines, legend.get_texts(), s["pairs"]):
+            line.set_data(s["positions"], s["rotated"][:, 2 * i])
+            text.set_text(f"pair {i} (wavelength {s['wavelength'][i]:.3g})")
+        ax_r.set_xlim(lo, max(hi, lo + 1))
+        fig.suptitle(f"RoPE cos/sin cache: d={s['head_dim']}, base={s['base']:.3g}, positions {s['start']}..{s['end']}", fontsize=10)
+
+    def summary(s: dict) -> str:
+        return (
+            f"d = {s['head_dim']}, base = {s['base']:.4g}, positions {s['start']}..{s['end']}: "
+            f"{s['full_turn_pairs']} of {s['head_dim'] // 2} pairs complete a full turn in the range; "
+            f"cos+sin cache {s['cache_bytes_fp32'] / 2**20:.2f} MiB vs dense R<sub>m</sub> "
+            f"{s['matrix_bytes_fp32'] / 2**20:.1f} MiB (float32); max |&#8214;R<sub>m</sub>q&#8214; - &#8214;q&#8214;| = {s['norm_error']:.1e}"
+        )
+
+    return Explorer(controls, compute, draw, fig, summary)
+
+
+def plot_angle_precision(
+    positions: np.ndarray,
+    angle_error: Mapping[str, np.ndarray],
+    rotation_error: Mapping[str, np.ndarray],
+    title: str = "",
+):
+    """Two panels against position: the max angle error :math:`|\\widehat{m\\theta_i} - m\\theta_i|`
+    over pairs (rad) and the relative rotation error :math:`\\lVert \\hat R_m q - R_m q\\rVert / \\lVert q\\rVert`.
+
+    One line per dtype (keys of the mappings). Returns the pyplot figure (call ``plt.show()``).
+    """
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9.0, 3.5))
+    for j, (name, err) in enumerate(angle_error.items()):
+        ax1.plot(positions, np.maximum(err, 1e-12), lw=1, color=f"C{j}", label=name)
+    for j, (name, err) in enumerate(rotation_error.items()):
+        ax2.plot(positions, np.maximum(err, 1e-12), lw=1, color=f"C{j}", label=name)
+    ax1.set_yscale("log")
+    ax2.set_yscale("log")
+    ax1.set_xlabel("position m")
+    ax2.set_xlabel("position m")
+    ax1.set_ylabel("max angle error over pairs (rad)")
+    ax2.set_ylabel(r"$\|\hat R_m q - R_m q\| / \|q\|$")
+    ax1.set_title("angle $m\\theta_i$ vs float64", fontsize=10)
+    ax2.set_title("resulting rotation error", fontsize=10)
+    ax1.legend(fontsize=8)
+    ax2.legend(fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_rope_benchmark(sweeps: Mapping[str, Mapping], title: str = ""):
+    """Log-log time against each swept size.
+
+    ``sweeps`` maps the swept parameter (e.g. ``"head_dim"``) to
+    ``{"values": [...], "fixed": "seq=1024", "ms": {implementation: [ms, ...]}}``.
+    Returns the pyplot figure (call ``plt.show()``).
+    """
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(sweeps), figsize=(4.6 * len(sweeps), 3.6), squeeze=False)
+    for ax, (param, sw) in zip(axes[0], sweeps.items()):
+        for j, (name, ms) in enumerate(sw["ms"].items()):
+            style = "k--" if "floor" in name else "o-"
+            kw = {} if "floor" in name else {"color": f"C{j}"}
+            ax.loglog(sw["values"], ms, style, ms=3, lw=1, label=name, **kw)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(f"{param} ({sw.get('fixed', '')})")
+        ax.set_ylabel("median time per call (ms)")
+        ax.set_title(f"time vs {param}", fontsize=10)
+        ax.grid(True, which="major", alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
