@@ -6,6 +6,11 @@ that computes the same thing; the tests in ``tests/`` pin these modules down.
 Modules
 -------
 * :mod:`helpers.rope` -- rotary position embedding (notebooks 01, 02).
+* :mod:`helpers.attention` -- scaled dot-product and multi-head attention (notebook 03).
+* :mod:`helpers.check` -- ``check_mha``: diagnoses a learner's MHA (notebook 03).
+* :mod:`helpers.model`, :mod:`helpers.tasks`, :mod:`helpers.train` -- the tiny transformer,
+  synthetic tasks and training loop (taught in 03, used by 04-06).
+* :mod:`helpers.regularization` -- dropout, label smoothing, penalties, calibration (notebook 04).
 * :mod:`helpers.viz` -- figures and slider explorers (no numerics of its own).
 * :mod:`helpers.utils` -- seeding and determinism.
 """
@@ -22,17 +27,35 @@ from .rope import (
     rope_frequencies,
     rotation_matrix,
 )
+from .attention import MultiHeadAttention, causal_mask, scaled_dot_product_attention
+from .model import POSITIONAL_ENCODINGS, TinyTransformer, TransformerBlock, sinusoidal_encoding
+from .tasks import (
+    IGNORE_INDEX,
+    AssociativeRecallTask,
+    CopyTask,
+    LookbackTask,
+    MixedTask,
+    Split,
+    Task,
+    accuracy,
+    make_task,
+    sequence_accuracy,
+)
+from .train import TrainResult, cross_entropy_loss, evaluate, train
+from .check import BUG_MESSAGES, PLANTED_BUGS, SCAFFOLD, MHACheck, NotesMHA, check_mha
 
 __all__ = [
     "seed_everything",
-    "RotaryEmbedding",
-    "apply_rope",
-    "apply_rope_complex",
-    "apply_rope_matrix",
-    "half_to_interleaved",
-    "interleaved_to_half",
-    "interleaved_to_half_index",
-    "rope_angles",
-    "rope_frequencies",
-    "rotation_matrix",
+    # rope
+    "RotaryEmbedding", "apply_rope", "apply_rope_complex", "apply_rope_matrix", "half_to_interleaved",
+    "interleaved_to_half", "interleaved_to_half_index", "rope_angles", "rope_frequencies", "rotation_matrix",
+    # attention
+    "MultiHeadAttention", "causal_mask", "scaled_dot_product_attention",
+    # model, tasks, train
+    "POSITIONAL_ENCODINGS", "TinyTransformer", "TransformerBlock", "sinusoidal_encoding",
+    "IGNORE_INDEX", "AssociativeRecallTask", "CopyTask", "LookbackTask", "MixedTask", "Split", "Task",
+    "accuracy", "make_task", "sequence_accuracy",
+    "TrainResult", "cross_entropy_loss", "evaluate", "train",
+    # check
+    "BUG_MESSAGES", "PLANTED_BUGS", "SCAFFOLD", "MHACheck", "NotesMHA", "check_mha",
 ]

@@ -1,0 +1,310 @@
+r"""The tiny decoder-only transformer that notebooks 03-06 train on synthetic tasks.
+
+Built in ``notebooks/03_multi_head_attention.ipynb`` (section "the tiny transformer"),
+then used by notebook 04 (residual dropout: ``dropout=p``), 05 (head pruning and
+head importance: ``head_mask`` of shape ``(num_layers, num_heads)``, per-layer
+``attention_weights``) and 06 (positional encodings compared: ``pos`` in
+``{"none", "sinusoidal", "learned", "rope"}``, shifted ``positions``/``offset``,
+evaluation beyond ``max_len``).
+
+Papers: Vaswani et al., "Attention Is All You Need" (2017) (sinusoidal encoding,
+sec. 3.5; residual dropout, sec. 5.4); Xiong et al., "On Layer Normalization in the
+Transformer Architecture" (2020) for the pre-LN block; Su et al. (2021) for RoPE.
+
+Block (``norm="pre"``, the default; GPT-2 and most modern models):
+
+.. math:: x \leftarrow x + \operatorname{Dropout}(\operatorname{Sublayer}(\operatorname{LN}(x)))
+
+with a final LayerNorm before the output projection. The original paper's post-LN
+block (``norm="post"``) is
+
+.. math:: x \leftarrow \operatorname{LN}(x + \operatorname{Dropout}(\operatorname{Sublayer}(x))).
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+from torch import nn
+
+from .attention import MultiHeadAttention, _check_dropout, _check_positive_int, causal_mask
+
+__all__ = ["POSITIONAL_ENCODINGS", "sinusoidal_encoding", "TransformerBlock", "TinyTransformer"]
+
+POSITIONAL_ENCODINGS = ("none", "sinusoidal", "learned", "rope")
+
+
+def sinusoidal_encoding(positions: Union[int, torch.Tensor], d_model: int, base: float = 10000.0) -> torch.Tensor:
+    r"""The sinusoidal position encoding of Vaswani et al. (2017), sec. 3.5.
+
+    .. math::
+        PE_{(p, 2i)} = \sin(p / \text{base}^{2i/d}), \qquad
+        PE_{(p, 2i+1)} = \cos(p / \text{base}^{2i/d})
+
+    (sine and cosine interleaved, as in the paper). Computed in float64 and returned as
+    float32, so any position works, including positions beyond a training length.
+
+    Args:
+        positions: an int ``n`` (positions ``0 .. n-1``) or a tensor of positions of any
+            shape ``(...)`` (ints or floats).
+        d_model: even width.
+        base: 10000 in the paper.
+
+    Returns:
+        Float32 tensor ``(..., d_model)`` (``(n, d_model)`` for an int).
+    """
+    _check_positive_int(d_model, "d_model")
+    if d_model % 2 != 0:
+        raise ValueError(f"d_model must be even for the sinusoidal encoding (sin/cos pairs), got {d_model}")
+    if isinstance(positions, int) and not isinstance(positions, bool):
+        positions = torch.arange(positions)
+    pos = torch.as_tensor(positions).to(torch.float64)
+    inv = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64, device=pos.device) / d_model)
+    angle = pos[..., None] * inv  # (..., d/2)
+    pe = torch.stack([torch.sin(angle), torch.cos(angle)], dim=-1).flatten(-2)
+    return pe.to(torch.float32)
+
+
+class TransformerBlock(nn.Module):
+    """One block: self-attention and a position-wise feed-forward network, each residual.
+
+    ``norm="pre"``: ``x + Dropout(Sublayer(LN(x)))``; ``norm="post"``:
+    ``LN(x + Dropout(Sublayer(x)))`` (Vaswani et al. 2017). The feed-forward network is
+    ``Linear(d_model, d_ff) -> ReLU -> Linear(d_ff, d_model)`` (eq. 2 of the paper).
+    ``forward(x, mask, head_mask, positions)`` returns ``(x, weights)`` with ``weights``
+    ``(batch, heads, seq, seq)`` or ``None``.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        dropout: float = 0.0,
+        attn_dropout: float = 0.0,
+        rope: bool = False,
+        rope_base: float = 10000.0,
+        rope_layout: str = "interleaved",
+        bias: bool = True,
+        norm: str = "pre",
+    ) -> None:
+        super().__init__()
+        if norm not in ("pre", "post"):
+            raise ValueError(f"norm must be 'pre' or 'post', got {norm!r}")
+        self.norm = norm
+        self.ln1 = nn.LayerNorm(d_model)
+        self.attn = MultiHeadAttention(
+            d_model, num_heads, dropout=attn_dropout, bias=bias, rope=rope, rope_base=rope_base, rope_layout=rope_layout
+        )
+        self.ln2 = nn.LayerNorm(d_model)
+        self.ff = nn.Sequential(nn.Linear(d_model, d_ff, bias=bias), nn.ReLU(), nn.Linear(d_ff, d_model, bias=bias))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x, mask=None, head_mask=None, positions=None, need_weights=True):
+        if self.norm == "pre":
+            a, w = self.attn(self.ln1(x), mask=mask, head_mask=head_mask, need_weights=need_weights, positions=positions)
+            x = x + self.drop(a)
+            x = x + self.drop(self.ff(self.ln2(x)))
+        else:
+            a, w = self.attn(x, mask=mask, head_mask=head_mask, need_weights=need_weights, positions=positions)
+            x = self.ln1(x + self.drop(a))
+            x = self.ln2(x + self.drop(self.ff(x)))
+        return x, w
+
+
+class TinyTransformer(nn.Module):
+    r"""A small decoder-only (``causal=True``) or encoder-only transformer over token ids.
+
+    ``tokens -> Embedding (+ position) -> Dropout -> num_layers x TransformerBlock
+    -> (final LN for pre-LN) -> Linear(d_model, vocab_size) -> logits``.
+
+    Positional information (``pos``):
+
+    * ``"none"``: nothing; a causal model can still infer position from the mask.
+    * ``"sinusoidal"``: :func:`sinusoidal_encoding` added to the embeddings (any position).
+    * ``"learned"``: an ``nn.Embedding(max_len, d_model)`` added to the embeddings; positions
+      ``>= max_len`` raise a ``ValueError`` naming ``max_len`` (there is no row for them).
+    * ``"rope"``: no additive encoding; Q and K are rotated in every layer
+      (``MultiHeadAttention(rope=True)``, base ``rope_base``, layout ``rope_layout``).
+
+    Only ``"learned"`` is limited by ``max_len``; the others evaluate at any length.
+
+    After each forward with ``need_weights=True`` (the default),
+    ``model.attention_weights`` is a list (one per layer) of detached
+    ``(batch, heads, seq, seq)`` tensors, for plots and head analysis.
+
+    Args:
+        vocab_size: number of token ids.
+        d_model: width (even for ``"sinusoidal"``; ``d_model / num_heads`` even for ``"rope"``).
+        num_heads: heads per layer, dividing ``d_model``.
+        num_layers: number of blocks.
+        max_len: the longest sequence the ``"learned"`` table covers (recorded for the
+            others, which do not need it).
+        pos: ``"none"``, ``"sinusoidal"``, ``"learned"`` or ``"rope"``.
+        dropout: residual dropout (on each sublayer output and on the embedding sum),
+            sec. 5.4 of the paper (``P_drop = 0.1`` there).
+        causal: apply the causal mask (decoder-only language model).
+        d_ff: feed-forward width, default ``4 * d_model``.
+        attn_dropout: dropout on the attention weights (not in the original paper).
+        rope_base, rope_layout: RoPE options (see :class:`MultiHeadAttention`).
+        bias: biases in the linear layers.
+        norm: ``"pre"`` (default) or ``"post"`` (the original paper).
+        seed: if given, the parameters are initialised from ``torch.manual_seed(seed)``
+            inside ``torch.random.fork_rng`` (the global RNG is left untouched), so the same
+            seed gives the same model whatever ran before.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int,
+        num_heads: int,
+        num_layers: int,
+        max_len: int,
+        pos: str = "rope",
+        dropout: float = 0.0,
+        causal: bool = True,
+        d_ff: Optional[int] = None,
+        attn_dropout: float = 0.0,
+        rope_base: float = 10000.0,
+        rope_layout: str = "interleaved",
+        bias: bool = True,
+        norm: str = "pre",
+        seed: Optional[int] = None,
+    ) -> None:
+        super().__init__()
+        for name, val in (("vocab_size", vocab_size), ("d_model", d_model), ("num_heads", num_heads),
+                          ("num_layers", num_layers), ("max_len", max_len)):
+            _check_positive_int(val, name)
+        if pos not in POSITIONAL_ENCODINGS:
+            raise ValueError(f"pos must be one of {POSITIONAL_ENCODINGS}, got {pos!r}")
+        if pos == "sinusoidal" and d_model % 2 != 0:
+            raise ValueError(f"pos='sinusoidal' needs an even d_model, got {d_model}")
+        _check_dropout(dropout, "dropout")
+        if d_ff is None:
+            d_ff = 4 * d_model
+        _check_positive_int(d_ff, "d_ff")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise ValueError(f"seed must be None or a non-negative int, got {seed!r}")
+        self.vocab_size, self.d_model, self.num_heads, self.num_layers = vocab_size, d_model, num_heads, num_layers
+        self.max_len, self.pos, self.causal, self.norm = max_len, pos, bool(causal), norm
+        with torch.random.fork_rng(devices=[], enabled=seed is not None):
+            if seed is not None:
+                torch.manual_seed(seed)
+            self.tok_emb = nn.Embedding(vocab_size, d_model)
+            self.pos_emb = nn.Embedding(max_len, d_model) if pos == "learned" else None
+            self.blocks = nn.ModuleList(
+                TransformerBlock(d_model, num_heads, d_ff, dropout=dropout, attn_dropout=attn_dropout,
+                                 rope=(pos == "rope"), rope_base=rope_base, rope_layout=rope_layout,
+                                 bias=bias, norm=norm)
+                for _ in range(num_layers)
+            )
+            self.ln_f = nn.LayerNorm(d_model) if norm == "pre" else nn.Identity()
+            self.head = nn.Linear(d_model, vocab_size, bias=bias)
+        self.drop = nn.Dropout(dropout)
+        self.attention_weights: list[torch.Tensor] = []
+
+    def extra_repr(self) -> str:
+        return f"pos={self.pos!r}, causal={self.causal}, norm={self.norm!r}, max_len={self.max_len}"
+
+    # ------------------------------------------------------------------ inputs
+    def _positions(self, tokens: torch.Tensor, positions, offset) -> Optional[torch.Tensor]:
+        """Positions ``(seq,)`` or ``(batch, seq)`` (long or float), or None for the default 0..seq-1."""
+        b, n = tokens.shape
+        if isinstance(offset, bool) or not isinstance(offset, (int, float)):
+            raise TypeError(f"offset must be a number, got {type(offset).__name__} ({offset!r})")
+        if positions is None:
+            if offset == 0:
+                return None
+            positions = torch.arange(n, device=tokens.device) + offset
+        else:
+            positions = torch.as_tensor(positions, device=tokens.device)
+            if positions.shape not in ((n,), (b, n)):
+                raise ValueError(
+                    f"positions must have shape (seq,) = ({n},) or (batch, seq) = ({b}, {n}), got {tuple(positions.shape)}"
+                )
+            positions = positions + offset
+        return positions
+
+    def _check_head_mask(self, head_mask, batch: int) -> torch.Tensor:
+        L, H = self.num_layers, self.num_heads
+        if not isinstance(head_mask, torch.Tensor):
+            head_mask = torch.as_tensor(head_mask, dtype=torch.float32)
+        if head_mask.shape == (L, H) or (head_mask.dim() == 3 and head_mask.shape[1:] == (L, H)
+                                         and head_mask.shape[0] in (1, batch)):
+            return head_mask
+        raise ValueError(
+            f"head_mask must have shape (num_layers, num_heads) = ({L}, {H}) or "
+            f"(batch, num_layers, num_heads) = ({batch}, {L}, {H}), got {tuple(head_mask.shape)}"
+        )
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        head_mask: Optional[torch.Tensor] = None,
+        positions: Optional[torch.Tensor] = None,
+        offset: Union[int, float] = 0,
+        need_weights: bool = True,
+    ) -> torch.Tensor:
+        r"""Logits for every position.
+
+        Args:
+            tokens: ``(batch, seq)`` long token ids in ``[0, vocab_size)``.
+            head_mask: ``(num_layers, num_heads)`` or ``(batch, num_layers, num_heads)``;
+                layer ``l`` multiplies head ``h``'s output by ``head_mask[..., l, h]``
+                (0 prunes it). A float tensor with ``requires_grad=True`` yields
+                :math:`\partial \mathcal{L} / \partial m_{l,h}`, the head importance of
+                Michel et al. (2019).
+            positions: ``(seq,)`` or ``(batch, seq)`` positions used by the positional
+                encoding; default ``0 .. seq-1``. (The causal mask is always by index.)
+            offset: added to the positions: ``offset=5`` evaluates the same tokens as if
+                they started at position 5 (shift-invariance experiments of notebook 06).
+            need_weights: record ``self.attention_weights`` (else the fused attention path
+                runs and the list is emptied).
+
+        Returns:
+            Logits ``(batch, seq, vocab_size)``.
+        """
+        if not isinstance(tokens, torch.Tensor):
+            raise TypeError(f"tokens must be a torch.Tensor of token ids, got {type(tokens).__name__}")
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens must have shape (batch, seq), got {tuple(tokens.shape)}")
+        if tokens.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+            raise TypeError(f"tokens must be an integer tensor, got dtype {tokens.dtype}")
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
+            raise ValueError(
+                f"tokens must be in [0, vocab_size={self.vocab_size}), got values in "
+                f"[{int(tokens.min())}, {int(tokens.max())}]"
+            )
+        b, n = tokens.shape
+        pos = self._positions(tokens, positions, offset)
+        x = self.tok_emb(tokens)
+        if self.pos == "learned":
+            p = pos if pos is not None else torch.arange(n, device=tokens.device)
+            if p.is_floating_point() and not bool((p == p.round()).all()):
+                raise ValueError("pos='learned' needs integer positions (a table lookup), got fractional positions")
+            p = p.long()
+            if p.numel() and (int(p.min()) < 0 or int(p.max()) >= self.max_len):
+                raise ValueError(
+                    f"pos='learned' has a table for positions 0 .. max_len-1 = {self.max_len - 1} (max_len={self.max_len}); "
+                    f"got positions in [{int(p.min())}, {int(p.max())}] (seq={n}). Use pos='sinusoidal', 'rope' or "
+                    f"'none' to evaluate beyond max_len."
+                )
+            x = x + self.pos_emb(p)
+        elif self.pos == "sinusoidal":
+            p = pos if pos is not None else torch.arange(n, device=tokens.device)
+            x = x + sinusoidal_encoding(p, self.d_model).to(device=x.device, dtype=x.dtype)
+        x = self.drop(x)
+
+        mask = causal_mask(n, device=tokens.device) if self.causal else None
+        hm = None if head_mask is None else self._check_head_mask(head_mask, b)
+        rope_pos = pos if self.pos == "rope" else None
+        weights = []
+        for l, block in enumerate(self.blocks):
+            layer_hm = None if hm is None else (hm[l] if hm.dim() == 2 else hm[:, l])
+            x, w = block(x, mask=mask, head_mask=layer_hm, positions=rope_pos, need_weights=need_weights)
+            if need_weights:
+                weights.append(w.detach())
+        self.attention_weights = weights
+        return self.head(self.ln_f(x))
