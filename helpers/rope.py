@@ -306,6 +306,13 @@ def _complex_viewable(x: torch.Tensor) -> bool:
     )
 
 
+def _rotate_complex(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
+    """``x`` (complex-viewable, interleaved pairs) times ``rot`` = ``cos + i sin`` (``(..., seq, d/2)``):
+    one vectorised pass that reads ``x`` once and writes the result once."""
+    z = torch.view_as_complex(x.unflatten(-1, (x.shape[-1] // 2, 2)))
+    return torch.view_as_real(z * rot).flatten(-2)
+
+
 def apply_rope(
     x: torch.Tensor,
     positions: PositionsLike = None,
@@ -317,8 +324,10 @@ def apply_rope(
     For ``layout="interleaved"`` (pairs ``2i, 2i+1``):
 
     .. math::
-        R_m x = x \otimes (\cos m\theta_0, \cos m\theta_0, \cos m\theta_1, \dots)
-              + (-x_1, x_0, -x_3, x_2, \dots) \otimes (\sin m\theta_0, \sin m\theta_0, \dots)
+        R_m x = x \odot (\cos m\theta_0, \cos m\theta_0, \cos m\theta_1, \dots)
+              + (-x_1, x_0, -x_3, x_2, \dots) \odot (\sin m\theta_0, \sin m\theta_0, \dots)
+
+    (:math:`\odot`: element-wise product; RoFormer eq. 34 writes it :math:`\otimes`.)
 
     For ``layout="half"`` (pairs ``i, i+d/2``) the same rotation acts on
     ``interleaved_to_half``-permuted coordinates:
@@ -357,8 +366,7 @@ def apply_rope(
     if layout == "interleaved" and _complex_viewable(x):
         if rot is None:
             rot = torch.complex(cos, sin)
-        z = torch.view_as_complex(x.unflatten(-1, (d // 2, 2)))
-        return torch.view_as_real(z * rot).flatten(-2)
+        return _rotate_complex(x, rot)
     return _rotate(x, cos, sin, layout)
 
 
@@ -403,7 +411,6 @@ def interleaved_to_half(x: torch.Tensor) -> torch.Tensor:
     interleaved_to_half(apply_rope(x, layout="interleaved"))``.
     """
     _check_head_dim(x.shape[-1], name="head_dim (x.shape[-1])")
-    d = x.shape[-1]
     return torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)
 
 
@@ -446,6 +453,7 @@ class RotaryEmbedding(torch.nn.Module):
         if isinstance(initial_cache_len, bool) or not isinstance(initial_cache_len, int) or initial_cache_len < 1:
             raise ValueError(f"initial_cache_len must be an int >= 1, got {initial_cache_len!r}")
         self._cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._complex_cache: dict[tuple, torch.Tensor] = {}  # cos + i sin, for the one-pass path
         self._initial = initial_cache_len
 
     def extra_repr(self) -> str:
@@ -470,6 +478,17 @@ class RotaryEmbedding(torch.nn.Module):
         cos, sin = entry[0][:n], entry[1][:n]
         return cos.to(dtype), sin.to(dtype)
 
+    def _complex_table(self, n: int, device, adt: torch.dtype) -> torch.Tensor:
+        """``cos + i sin`` for positions ``0 .. n-1`` (``(n, head_dim // 2)``), cached beside cos/sin."""
+        self.cos_sin(n, device, adt)  # grows the cos/sin cache if needed
+        key = (torch.device(device), adt)
+        cos, sin = self._cache[key]
+        rot = self._complex_cache.get(key)
+        if rot is None or rot.shape[0] != cos.shape[0]:
+            rot = torch.complex(cos, sin)
+            self._complex_cache[key] = rot
+        return rot[:n]
+
     def forward(self, x: torch.Tensor, positions: PositionsLike = None) -> torch.Tensor:
         _check_x(x)
         if x.shape[-1] != self.head_dim:
@@ -478,6 +497,8 @@ class RotaryEmbedding(torch.nn.Module):
             )
         seq = x.shape[-2]
         if positions is None:
+            if self.layout == "interleaved" and _complex_viewable(x):  # float32/float64: one pass
+                return _rotate_complex(x, self._complex_table(seq, x.device, x.dtype))
             cos, sin = self.cos_sin(seq, x.device, x.dtype)
             return _rotate(x, cos, sin, self.layout)
         adt = _angle_dtype(x.dtype)

@@ -8,8 +8,17 @@ that moves existing artists, wired to sliders by :class:`Explorer`
 One module per notebook:
 
 * :mod:`helpers.viz.rope` -- notebook 01: :func:`rope_explorer`, :func:`long_term_decay`.
+* :mod:`helpers.viz.rope_efficient` -- notebook 02: cos/sin cache explorer, precision and benchmark figures.
+* :mod:`helpers.viz.regularization` -- notebook 04: label-smoothing and dropout explorers.
 """
 from .explorer import FIGSIZE, Explorer
 from .rope import long_term_decay, rope_explorer, rope_explorer_state
+from .rope_efficient import plot_angle_precision, plot_rope_benchmark, rope_cache_explorer, rope_cache_state
+from .regularization import dropout_explorer, dropout_state, label_smoothing_explorer, label_smoothing_state
 
-__all__ = ["FIGSIZE", "Explorer", "long_term_decay", "rope_explorer", "rope_explorer_state"]
+__all__ = [
+    "FIGSIZE", "Explorer",
+    "long_term_decay", "rope_explorer", "rope_explorer_state",
+    "plot_angle_precision", "plot_rope_benchmark", "rope_cache_explorer", "rope_cache_state",
+    "dropout_explorer", "dropout_state", "label_smoothing_explorer", "label_smoothing_state",
+]

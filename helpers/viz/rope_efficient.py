@@ -23,9 +23,9 @@ __all__ = ["rope_cache_state", "rope_cache_explorer", "plot_angle_precision", "p
 
 
 def _fixed_vector(head_dim: int) -> torch.Tensor:
-    """The vector the explorer rotates: every pair equal to ``(1, 0)`` rotated by 45 degrees,
-    ``(1/sqrt 2, 1/sqrt 2)`` in each pair, scaled to unit norm (the same for every ``head_dim``)."""
-    return torch.full((head_dim,), 1.0 / math.sqrt(head_dim), dtype=torch.float64)
+    r"""The vector the explorer rotates: all ones, so every pair is ``(1, 1)`` and each rotated
+    component :math:`\cos m\theta_i \mp \sin m\theta_i` stays within :math:`\pm\sqrt 2` for any ``head_dim``."""
+    return torch.ones(head_dim, dtype=torch.float64)
 
 
 def rope_cache_state(
@@ -38,7 +38,7 @@ def rope_cache_state(
 
     The cos/sin cache is the ``(n_positions, head_dim/2)`` table of :math:`\cos m\theta_i`
     and :math:`\sin m\theta_i` that production code precomputes once (``helpers.rope``
-    memoises it). The fixed vector :math:`\mathbf q = \mathbf 1/\sqrt d` is rotated at
+    memoises it). The fixed vector :math:`\mathbf q = (1, \dots, 1)` is rotated at
     every displayed position with :func:`helpers.rope.apply_rope` (interleaved layout).
 
     Args:
@@ -85,6 +85,7 @@ def rope_cache_state(
         "sin": torch.sin(angles).numpy(),
         "q": q.numpy(),
         "rotated": rotated.numpy(),
+        "step": int(step),
         "pairs": (0, half // 2, half - 1),
         "norm_error": float((rotated.norm(dim=-1) - q.norm()).abs().max()),
         "full_turn_pairs": int((wavelength <= (end - start)).sum()),
@@ -100,7 +101,7 @@ def rope_cache_explorer(
 
     Left and middle: the cos and sin cache as heatmaps (pair index across, position down).
     Right: the first component :math:`(R_m\\mathbf q)_{2i}` of the fixed vector
-    :math:`\\mathbf q = \\mathbf 1/\\sqrt d` for the fastest, a middle and the slowest pair.
+    :math:`\\mathbf q = (1, \\dots, 1)` for the fastest, a middle and the slowest pair.
     """
     import ipywidgets as widgets
 
@@ -110,7 +111,7 @@ def rope_cache_explorer(
         "positions": widgets.IntRangeSlider(value=tuple(positions), min=0, max=max_position, step=16, description="positions"),
     }
     fig = Figure(figsize=(9.5, 3.4))
-    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.15, top=0.82, wspace=0.45)
+    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.15, top=0.9, wspace=0.5)
     ax_c, ax_s, ax_r = fig.subplots(1, 3, gridspec_kw={"width_ratios": [1, 1, 1.4]})
     blank = np.zeros((2, 2))
     im_c = ax_c.imshow(blank, aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest", origin="upper")
@@ -123,15 +124,15 @@ def rope_cache_explorer(
         ax.set_title(f"cache: {name}", fontsize=9)
     fig.colorbar(im_s, ax=[ax_c, ax_s], fraction=0.05, pad=0.03, ticks=[-1, 0, 1]).set_label("cache value", labelpad=-4)
     lines = [ax_r.plot([], [], lw=1, color=f"C{j}", label=lab)[0] for j, lab in enumerate(["fastest pair", "middle pair", "slowest pair"])]
-    ax_r.set_ylim(-0.45, 0.45)
+    ax_r.set_ylim(-1.6, 2.7)  # |component| <= sqrt 2; room above for the legend
     ax_r.set_xlabel("position m")
     ax_r.set_ylabel("component 2i of R_m q")
-    ax_r.set_title("rotated q = (1, ..., 1)/√d", fontsize=9)
-    legend = ax_r.legend(loc="lower left", fontsize=7)
+    ax_r.set_title("rotated q = (1, ..., 1)", fontsize=9)
+    legend = ax_r.legend(loc="upper left", fontsize=7)
     # Few tick labels: rendering text is most of the redraw time.
     for ax in (ax_c, ax_s, ax_r):
         ax.xaxis.set_major_locator(MaxNLocator(4, integer=True))
-        ax.yaxis.set_major_locator(MaxNLocator(5))
+        ax.yaxis.set_major_locator(MaxNLocator(4))
 
     def compute(head_dim: int, log10_base: float, positions: Sequence[int]) -> dict:
         return rope_cache_state(head_dim, log10_base, positions)
@@ -146,11 +147,12 @@ def rope_cache_explorer(
             line.set_data(s["positions"], s["rotated"][:, 2 * i])
             text.set_text(f"pair {i} (wavelength {s['wavelength'][i]:.3g})")
         ax_r.set_xlim(lo, max(hi, lo + 1))
-        fig.suptitle(f"RoPE cos/sin cache: d={s['head_dim']}, base={s['base']:.3g}, positions {s['start']}..{s['end']}", fontsize=10)
+        # (no suptitle: the summary line above the figure already names d, base and the range)
 
     def summary(s: dict) -> str:
         return (
-            f"d = {s['head_dim']}, base = {s['base']:.4g}, positions {s['start']}..{s['end']}: "
+            f"d = {s['head_dim']}, base = {s['base']:.4g}, positions {s['start']}..{s['end']} "
+            f"(one row per {s['step']} position{'s' if s['step'] > 1 else ''}): "
             f"{s['full_turn_pairs']} of {s['head_dim'] // 2} pairs complete a full turn in the range; "
             f"cos+sin cache {s['cache_bytes_fp32'] / 2**20:.2f} MiB vs dense R<sub>m</sub> "
             f"{s['matrix_bytes_fp32'] / 2**20:.1f} MiB (float32); max |&#8214;R<sub>m</sub>q&#8214; - &#8214;q&#8214;| = {s['norm_error']:.1e}"

@@ -1,0 +1,173 @@
+"""Benchmark of RoPE implementations: the matrix form, naive and careful element-wise forms,
+``helpers.apply_rope`` and the memory floor.
+
+Run from the repository root (standard library + torch only)::
+
+    python benchmarks/rope_bench.py                      # the issue's shape (1, 8, 4096, 128), 2 threads
+    python benchmarks/rope_bench.py --seq 1024 --threads 1
+
+It prints one row per implementation (median wall time over ``--repeats`` calls after two
+warm-up calls, in ms; the time relative to the memory floor; the speed-up over the matrix
+form) and then the two targets of notebook 02's issue:
+
+* ``apply_rope`` is at least 8x faster than ``apply_rope_matrix``;
+* ``apply_rope`` takes at most 3x the time of the memory floor, one element-wise multiply
+  ``x * cos`` of the same shape (read ``x`` once, write the output once).
+
+Every implementation is first checked against ``apply_rope`` (``torch.testing.assert_close``),
+so a fast wrong answer cannot win. Notebook 02 (``notebooks/02_rope_efficient.ipynb``)
+explains the differences: a memoised cos/sin table, the number of full passes over memory
+(each ``cat``/``stack``/negation makes a new full-size temporary), and strided views that
+defeat vectorisation.
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run without installing helpers
+from helpers.rope import (  # noqa: E402
+    RotaryEmbedding,
+    apply_rope,
+    apply_rope_complex,
+    apply_rope_matrix,
+    rope_frequencies,
+)
+
+
+def make_implementations(x: torch.Tensor, base: float = 10000.0) -> dict[str, Callable[[], torch.Tensor]]:
+    """The contenders, each a no-argument closure over ``x`` of shape ``(batch, heads, seq, d)``."""
+    seq, d = x.shape[-2], x.shape[-1]
+    h = d // 2
+    theta = rope_frequencies(d, base)
+
+    def angles() -> torch.Tensor:  # (seq, d/2), float32
+        return torch.arange(seq, dtype=torch.float32)[:, None] * theta
+
+    ang = angles()
+    cos_t, sin_t = ang.cos(), ang.sin()  # memoised tables, (seq, d/2)
+    freqs_cis = torch.polar(torch.ones_like(ang), ang)  # Meta Llama's precomputed table
+    floor_cos = torch.cat([cos_t, cos_t], dim=-1)  # (seq, d), for the memory floor
+    rope_module = RotaryEmbedding(d, base)
+
+    def gptj_stack() -> torch.Tensor:
+        # GPT-J / RoFormer style, written naively: table recomputed, stack + flatten.
+        a = angles()
+        cos, sin = a.cos().repeat_interleave(2, -1), a.sin().repeat_interleave(2, -1)
+        rotated = torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+        return x * cos + rotated * sin
+
+    def hf_cat() -> torch.Tensor:
+        # Hugging Face Llama style (half layout), table recomputed, cat of halves.
+        a = angles()
+        emb = torch.cat((a, a), dim=-1)
+        cos, sin = emb.cos(), emb.sin()
+        rotated = torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+        return x * cos + rotated * sin
+
+    def strided_out() -> torch.Tensor:
+        # Memoised table, no temporaries, but four passes over stride-2 views.
+        xa, xb = x[..., 0::2], x[..., 1::2]
+        out = torch.empty_like(x)
+        oa, ob = out[..., 0::2], out[..., 1::2]
+        torch.mul(xa, cos_t, out=oa)
+        oa.addcmul_(xb, sin_t, value=-1.0)
+        torch.mul(xb, cos_t, out=ob)
+        ob.addcmul_(xa, sin_t)
+        return out
+
+    def meta_complex() -> torch.Tensor:
+        # Meta's original Llama: precomputed freqs_cis, one complex multiply.
+        z = torch.view_as_complex(x.float().reshape(*x.shape[:-1], h, 2))
+        return torch.view_as_real(z * freqs_cis).flatten(-2).type_as(x)
+
+    return {
+        "memory floor x*cos": lambda: x * floor_cos,
+        "apply_rope_matrix": lambda: apply_rope_matrix(x, base=base),
+        "naive stack (GPT-J)": gptj_stack,
+        "naive cat (HF half)": hf_cat,
+        "strided out= (cached)": strided_out,
+        "complex (Meta Llama)": meta_complex,
+        "apply_rope_complex": lambda: apply_rope_complex(x, base=base),
+        "RotaryEmbedding": lambda: rope_module(x),
+        "apply_rope half": lambda: apply_rope(x, base=base, layout="half"),
+        "apply_rope": lambda: apply_rope(x, base=base),
+    }
+
+
+def check_implementations(x: torch.Tensor, impls: dict[str, Callable[[], torch.Tensor]]) -> None:
+    """Every RoPE implementation must agree with ``apply_rope`` (half layout compared in its own layout)."""
+    ref = {"interleaved": apply_rope(x), "half": apply_rope(x, layout="half")}
+    for name, fn in impls.items():
+        if name.startswith("memory floor"):
+            continue
+        layout = "half" if ("half" in name.lower()) else "interleaved"
+        torch.testing.assert_close(fn(), ref[layout], rtol=1e-4, atol=1e-4, msg=lambda m: f"{name}: {m}")
+
+
+def median_ms(fns: dict[str, Callable[[], torch.Tensor]], repeats: int, warmup: int = 2) -> dict[str, float]:
+    """Median wall time of each ``fn()`` in milliseconds.
+
+    The calls are interleaved (one call of each implementation per round) so that a slow
+    phase of the machine, or of the memory allocator, is shared by all of them instead of
+    landing on one.
+    """
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) * 1e3 for name, t in times.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--seq", type=int, default=4096)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2, the course machine's cores)")
+    p.add_argument("--repeats", type=int, default=30, help="timed calls per implementation")
+    p.add_argument("--matrix-repeats", type=int, default=3, help="timed calls of the slow matrix form")
+    args = p.parse_args(argv)
+    if args.head_dim < 2 or args.head_dim % 2:
+        p.error(f"--head-dim must be even and >= 2, got {args.head_dim}")
+
+    torch.manual_seed(0)
+    torch.set_num_threads(args.threads)
+    shape = (args.batch, args.heads, args.seq, args.head_dim)
+    x = torch.randn(shape)
+    impls = make_implementations(x)
+    check_implementations(x, impls)
+
+    fast_impls = {k: v for k, v in impls.items() if k != "apply_rope_matrix"}
+    results = median_ms(fast_impls, args.repeats)
+    results.update(median_ms({"apply_rope_matrix": impls["apply_rope_matrix"]}, args.matrix_repeats, warmup=1))
+    results = {name: results[name] for name in impls}  # table in the declared order
+
+    floor, matrix, fast = results["memory floor x*cos"], results["apply_rope_matrix"], results["apply_rope"]
+    print(f"RoPE benchmark: shape {shape} float32, torch {torch.__version__}, {args.threads} thread(s), "
+          f"{platform.machine()}, median of {args.repeats} calls ({args.matrix_repeats} for the matrix form)")
+    print(f"{'implementation':<24}{'median ms':>11}{'x floor':>10}{'vs matrix':>11}")
+    for name, ms in results.items():
+        print(f"{name:<24}{ms:>11.3f}{ms / floor:>10.2f}{matrix / ms:>10.0f}x")
+    speedup, over_floor = matrix / fast, fast / floor
+    ok1, ok2 = speedup >= 8.0, over_floor <= 3.0
+    print(f"apply_rope vs apply_rope_matrix: {speedup:.0f}x faster (target >= 8x): {'PASS' if ok1 else 'FAIL'}")
+    print(f"apply_rope vs memory floor:      {over_floor:.2f}x the floor (target <= 3x): {'PASS' if ok2 else 'FAIL'}")
+    return 0 if (ok1 and ok2) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
