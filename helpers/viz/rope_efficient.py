@@ -127,7 +127,7 @@ def rope_cache_explorer(
     ax_r.set_ylim(-1.6, 2.7)  # |component| <= sqrt 2; room above for the legend
     ax_r.set_xlabel("position m")
     ax_r.set_ylabel("component 2i of R_m q")
-    ax_r.set_title("rotated q = (1, ..., 1)", fontsize=9)
+    title_r = ax_r.set_title("rotated q = (1, ..., 1)", fontsize=9)
     legend = ax_r.legend(loc="upper left", fontsize=7)
     # Few tick labels: rendering text is most of the redraw time.
     for ax in (ax_c, ax_s, ax_r):
@@ -147,7 +147,8 @@ def rope_cache_explorer(
             line.set_data(s["positions"], s["rotated"][:, 2 * i])
             text.set_text(f"pair {i} (wavelength {s['wavelength'][i]:.3g})")
         ax_r.set_xlim(lo, max(hi, lo + 1))
-        # (no suptitle: the summary line above the figure already names d, base and the range)
+        # the exact slider values, also when the sampled rows do not change (wide ranges)
+        title_r.set_text(f"rotated q = (1, ..., 1), m = {s['start']}..{s['end']}, d = {s['head_dim']}")
 
     def summary(s: dict) -> str:
         return (

@@ -74,6 +74,11 @@ def _wait_redraw(page, explorer, old_src: str) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
+def _readout(handle) -> str:
+    """The slider's displayed value (its readout box): what the learner reads."""
+    return handle.locator("xpath=ancestor::div[contains(@class,'widget-slider')][1]").locator(".widget-readout").inner_text()
+
+
 def _figure(explorer) -> str:
     return explorer.locator("img.explorer-figure").get_attribute("src")
 
@@ -109,17 +114,21 @@ def test_notebook_runs_and_explorers_respond(path, lab, browser, screenshot_dir)
                 handle = handles.nth(h)
                 label = handle.locator("xpath=ancestor::div[contains(@class,'widget-slider')][1]").locator(".widget-label").inner_text()
 
+                where = f"{path.name}: explorer {e}, slider {label!r}"
                 # 1. keyboard: focus the handle, one step
-                before_val = handle.get_attribute("aria-valuenow")
-                at_max = float(before_val) >= float(handle.get_attribute("aria-valuemax"))
+                before_val = _readout(handle)
+                at_max = float(handle.get_attribute("aria-valuenow")) >= float(handle.get_attribute("aria-valuemax"))
                 old_src, old_summary = _figure(explorer), _summary(explorer)
                 handle.focus()
                 t0 = time.perf_counter()
                 page.keyboard.press("ArrowLeft" if at_max else "ArrowRight")
-                _wait_redraw(page, explorer, old_src)
+                try:
+                    _wait_redraw(page, explorer, old_src)
+                except Exception as err:
+                    raise AssertionError(f"{where}: no new figure after a key press ({before_val} -> {_readout(handle)}): {err}") from None
                 latencies.append((time.perf_counter() - t0) * 1e3)
-                after_val = handle.get_attribute("aria-valuenow")
-                assert after_val != before_val, f"{path.name}: explorer {e}, slider {label!r}: key press did not move it"
+                after_val = _readout(handle)
+                assert after_val != before_val, f"{where}: key press did not move it"
                 page.wait_for_function("([el, old]) => el.querySelector('.explorer-summary').innerText !== old",
                                        arg=[explorer.element_handle(), old_summary], timeout=HANG_MS)
                 assert _summary(explorer) != old_summary
@@ -127,8 +136,8 @@ def test_notebook_runs_and_explorers_respond(path, lab, browser, screenshot_dir)
 
                 # 2. mouse: drag the handle a little way along its track
                 box = handle.bounding_box()
-                before_val = handle.get_attribute("aria-valuenow")
-                at_max = float(before_val) >= float(handle.get_attribute("aria-valuemax"))
+                before_val = _readout(handle)
+                at_max = float(handle.get_attribute("aria-valuenow")) >= float(handle.get_attribute("aria-valuemax"))
                 old_src = _figure(explorer)
                 x0, y0 = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
                 page.mouse.move(x0, y0)
@@ -136,9 +145,12 @@ def test_notebook_runs_and_explorers_respond(path, lab, browser, screenshot_dir)
                 t0 = time.perf_counter()
                 page.mouse.move(x0 + (-25 if at_max else 25), y0, steps=4)
                 page.mouse.up()
-                _wait_redraw(page, explorer, old_src)
+                try:
+                    _wait_redraw(page, explorer, old_src)
+                except Exception as err:
+                    raise AssertionError(f"{where}: no new figure after a drag ({before_val} -> {_readout(handle)}): {err}") from None
                 latencies.append((time.perf_counter() - t0) * 1e3)
-                assert handle.get_attribute("aria-valuenow") != before_val, f"{path.name}: explorer {e}, slider {label!r}: drag did not move it"
+                assert _readout(handle) != before_val, f"{where}: drag did not move it"
                 # the summary under the sliders names the slider's new value
                 page.wait_for_timeout(100)
                 explorer.screenshot(path=str(shots / f"explorer{e}_slider{h}_drag.png"))
