@@ -1,6 +1,6 @@
 r"""Scaled dot-product attention and multi-head attention, written out from scratch.
 
-Taught in ``notebooks/03_multi_head_attention.ipynb``: the causal mask, the scaled
+Taught in ``notebooks/03_mha_from_scratch.ipynb``: the causal mask, the scaled
 dot-product, splitting ``d_model`` into heads and merging them back, and the check
 against ``torch.nn.MultiheadAttention`` / ``torch.nn.functional.scaled_dot_product_attention``.
 Used again by notebook 04 (attention dropout), 05 (``head_mask``: pruning heads and
@@ -233,6 +233,14 @@ class MultiHeadAttention(nn.Module):
         rope: rotate Q and K per head with RoPE.
         rope_base: RoPE frequency base (10000 in RoFormer).
         rope_layout: ``"interleaved"`` (default) or ``"half"``.
+        num_kv_heads: number of key/value heads (default ``num_heads``: plain multi-head
+            attention). Fewer K/V heads than query heads is grouped-query attention
+            (Ainslie et al. 2023, "GQA"); ``num_kv_heads=1`` is multi-query attention
+            (Shazeer 2019, "Fast Transformer Decoding: One Write-Head is All You Need").
+            ``linear_k`` and ``linear_v`` then output ``num_kv_heads * head_dim`` features
+            and each K/V head serves ``num_heads // num_kv_heads`` consecutive query heads
+            (:meth:`repeat_kv`, as ``repeat_kv`` in Hugging Face Llama). Must divide
+            ``num_heads``. Taught in notebook 05.
     """
 
     def __init__(
@@ -244,10 +252,19 @@ class MultiHeadAttention(nn.Module):
         rope: bool = False,
         rope_base: float = 10000.0,
         rope_layout: str = "interleaved",
+        num_kv_heads: Optional[int] = None,
     ) -> None:
         super().__init__()
         _check_positive_int(d_model, "d_model")
         _check_positive_int(num_heads, "num_heads")
+        if num_kv_heads is None:
+            num_kv_heads = num_heads
+        _check_positive_int(num_kv_heads, "num_kv_heads")
+        if num_heads % num_kv_heads != 0:
+            raise ValueError(
+                f"num_heads must be divisible by num_kv_heads (each K/V head serves a group of query heads), "
+                f"got num_heads={num_heads}, num_kv_heads={num_kv_heads}"
+            )
         if d_model % num_heads != 0:
             raise ValueError(
                 f"d_model must be divisible by num_heads, got d_model={d_model}, num_heads={num_heads} "
@@ -271,12 +288,15 @@ class MultiHeadAttention(nn.Module):
         self.rope_base = float(rope_base)
         self.rope_layout = rope_layout
         self.linear_q = nn.Linear(d_model, d_model, bias=bias)
-        self.linear_k = nn.Linear(d_model, d_model, bias=bias)
-        self.linear_v = nn.Linear(d_model, d_model, bias=bias)
+        self.num_kv_heads = num_kv_heads
+        self.linear_k = nn.Linear(d_model, num_kv_heads * self.head_dim, bias=bias)
+        self.linear_v = nn.Linear(d_model, num_kv_heads * self.head_dim, bias=bias)
         self.linear_out = nn.Linear(d_model, d_model, bias=bias)
 
     def extra_repr(self) -> str:
         s = f"d_model={self.d_model}, num_heads={self.num_heads}, head_dim={self.head_dim}, dropout={self.dropout}"
+        if self.num_kv_heads != self.num_heads:
+            s += f", num_kv_heads={self.num_kv_heads}"
         if self.rope:
             s += f", rope=True, rope_base={self.rope_base:g}, rope_layout={self.rope_layout!r}"
         return s
@@ -286,6 +306,16 @@ class MultiHeadAttention(nn.Module):
         """``(batch, seq, d_model) -> (batch, heads, seq, head_dim)``: view, then transpose."""
         b, n, _ = x.shape
         return x.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+
+    def repeat_kv(self, x: torch.Tensor) -> torch.Tensor:
+        """``(batch, num_kv_heads, seq, head_dim) -> (batch, num_heads, seq, head_dim)``: K/V head ``j``
+        is repeated for query heads ``j*r .. j*r + r-1``, ``r = num_heads // num_kv_heads``
+        (Hugging Face's ``repeat_kv``); the identity when ``num_kv_heads == num_heads``."""
+        r = self.num_heads // self.num_kv_heads
+        if r == 1:
+            return x
+        b, g, n, dk = x.shape
+        return x[:, :, None].expand(b, g, r, n, dk).reshape(b, g * r, n, dk)
 
     def merge_heads(self, x: torch.Tensor) -> torch.Tensor:
         """``(batch, heads, seq, head_dim) -> (batch, seq, d_model)``: transpose back, then reshape."""
@@ -373,8 +403,9 @@ class MultiHeadAttention(nn.Module):
                 mask = mask.to(query.dtype)
 
         q = self.split_heads(self.linear_q(query))  # (b, h, n_q, d_k)
-        k = self.split_heads(self.linear_k(key))  # (b, h, n_k, d_k)
-        v = self.split_heads(self.linear_v(value))  # (b, h, n_k, d_k)
+        g = self.num_kv_heads  # g == h unless grouped-query attention
+        k = self.linear_k(key).view(b, n_k, g, self.head_dim).transpose(1, 2)  # (b, g, n_k, d_k)
+        v = self.linear_v(value).view(b, n_k, g, self.head_dim).transpose(1, 2)  # (b, g, n_k, d_k)
         if self.rope:
             pq = self._rope_positions(positions, n_q, "positions")
             if key_positions is None:
@@ -382,6 +413,7 @@ class MultiHeadAttention(nn.Module):
             pk = self._rope_positions(key_positions, n_k, "key_positions")
             q = apply_rope(q, pq, base=self.rope_base, layout=self.rope_layout)
             k = apply_rope(k, pk, base=self.rope_base, layout=self.rope_layout)
+        k, v = self.repeat_kv(k), self.repeat_kv(v)  # (b, h, n_k, d_k): each K/V head serves its group
 
         p = self.dropout if self.training else 0.0
         if need_weights or head_mask is not None or p > 0:

@@ -1,6 +1,6 @@
 r"""The "write MHA from memory" exercise: a checker that diagnoses the usual mistakes.
 
-Used in section 8 of ``notebooks/03_multi_head_attention.ipynb``: the learner fills in a
+Used in section 8 of ``notebooks/03_mha_from_scratch.ipynb``: the learner fills in a
 class with the interface of :data:`SCAFFOLD`, then ``check_mha(MyMHA)`` runs it against
 the reference :class:`helpers.attention.MultiHeadAttention` with the same weights and,
 when the numbers differ, names the mistake by re-running the learner's weights through
@@ -125,6 +125,13 @@ class ScaleByDModel(NotesMHA):
         return q @ k.transpose(-2, -1) / math.sqrt(self.d_model)
 
 
+class ScaleByDk(NotesMHA):
+    """Bug: scores divided by ``d_k`` instead of ``sqrt(d_k)``."""
+
+    def scores(self, q, k):
+        return q @ k.transpose(-2, -1) / self.d_k
+
+
 class WrongSplit(NotesMHA):
     """Bug: ``view(B, h, L, d_k)`` straight away, with no transpose: heads get slices of positions."""
 
@@ -181,6 +188,7 @@ class MissingOutputProjection(NotesMHA):
 PLANTED_BUGS: dict[str, type] = {
     "missing_scale": MissingScale,
     "scale_by_d_model": ScaleByDModel,
+    "scale_by_d_k": ScaleByDk,
     "wrong_split": WrongSplit,
     "wrong_merge": WrongMerge,
     "softmax_over_queries": SoftmaxOverQueries,
@@ -199,6 +207,11 @@ BUG_MESSAGES: dict[str, str] = {
     "scale_by_d_model": (
         "Wrong scale: the scores are divided by sqrt(d_model) instead of sqrt(d_k). Each head's "
         "dot product has d_k = d_model // num_heads terms, so divide by math.sqrt(d_k)."
+    ),
+    "scale_by_d_k": (
+        "Wrong scale: the scores are divided by d_k instead of sqrt(d_k). The dot product of two "
+        "d_k-dimensional vectors with unit-variance entries has variance d_k, so its standard "
+        "deviation is sqrt(d_k): divide by math.sqrt(d_k)."
     ),
     "wrong_split": (
         "Wrong reshape when splitting heads: x.view(B, num_heads, L, d_k) cuts the sequence, "
@@ -272,6 +285,60 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(d.max())
 
 
+def _seeded_case(learner: nn.Module, d_model: int, batch: int, seq: int, seed: int):
+    """Seeded weights, written into ``learner``'s four projections, and seeded inputs.
+
+    Returns ``(weights, (query, key, value))`` with ``weights[name] = (W, b)``.
+    """
+    g = torch.Generator().manual_seed(seed)
+    bound = 1.0 / math.sqrt(d_model)
+    weights = {}
+    with torch.no_grad():
+        for name in ("linear_q", "linear_k", "linear_v", "linear_out"):
+            lin = getattr(learner, name)
+            w = (torch.rand(d_model, d_model, generator=g) * 2 - 1) * bound
+            b = (torch.rand(d_model, generator=g) * 2 - 1) * bound if lin.bias is not None else torch.zeros(d_model)
+            lin.weight.copy_(w.to(lin.weight))
+            if lin.bias is not None:
+                lin.bias.copy_(b.to(lin.bias))
+            weights[name] = (w, b)
+    # Inputs scaled up so that a missing or wrong scale changes the softmax visibly.
+    inputs = tuple(torch.randn(batch, seq, d_model, generator=g) * 3 for _ in range(3))
+    return weights, inputs
+
+
+def _load(module: nn.Module, weights: dict) -> nn.Module:
+    with torch.no_grad():
+        for name, (w, b) in weights.items():
+            getattr(module, name).weight.copy_(w)
+            getattr(module, name).bias.copy_(b)
+    return module.eval()
+
+
+def _disambiguate(cls: type, bugs: list, d_model: int, num_heads: int, batch: int, seq: int,
+                  seed: int, masked: bool) -> list:
+    """The bugs in ``bugs`` that still reproduce ``cls`` at a second width.
+
+    Two mistakes can coincide at one size: dividing by ``d_k`` equals dividing by
+    ``sqrt(d_model)`` when ``d_model = d_k**2`` (the default 16 = 4 * 4). At the same
+    ``num_heads`` and ``d_k' = d_k + 1`` (or ``+ 2``, so that ``d_k' != num_heads``), the
+    two differ because ``d_k'**2 = num_heads * d_k'`` only for ``d_k' = num_heads``.
+    """
+    d_k = d_model // num_heads
+    d_k2 = d_k + 1 if d_k + 1 != num_heads else d_k + 2
+    d_model2 = num_heads * d_k2
+    try:
+        learner = cls(d_model2, num_heads).eval()
+        weights, (q, k, v) = _seeded_case(learner, d_model2, batch, seq, seed + 1)
+        m = causal_mask(seq) if masked else None
+        with torch.no_grad():
+            got = _out(learner(q, k, v) if m is None else learner(q, k, v, mask=m))
+            return [bug for bug in bugs
+                    if _same(got, _out(_load(PLANTED_BUGS[bug](d_model2, num_heads), weights)(q, k, v, mask=m)))]
+    except Exception:  # the learner's class at another size: any failure means "cannot tell"
+        return []
+
+
 def check_mha(
     cls: type,
     d_model: int = 16,
@@ -287,7 +354,9 @@ def check_mha(
     2. Compare outputs on distinct ``query``, ``key``, ``value`` ``(batch, seq, d_model)``:
        first without a mask, then with ``causal_mask(seq)`` (True = allowed).
     3. On a mismatch, load the same weights into each class of :data:`PLANTED_BUGS` and
-       report the bug whose output equals the learner's (NaNs included).
+       report the bug whose output equals the learner's (NaNs included). When several bugs
+       coincide at this size (``/ d_k`` and ``/ sqrt(d_model)`` when ``d_model = d_k**2``),
+       the tie is broken by running again at a second width, ``num_heads * (d_k + 1)``.
 
     Args:
         cls: the learner's class (interface in the module docstring).
@@ -318,29 +387,8 @@ def check_mha(
                 f"(here nn.Linear({d_model}, {d_model})), got {lin!r}",
             )
     learner.eval()
-    g = torch.Generator().manual_seed(seed)
-    bound = 1.0 / math.sqrt(d_model)
-    weights = {}
-    with torch.no_grad():
-        for name in ("linear_q", "linear_k", "linear_v", "linear_out"):
-            lin = getattr(learner, name)
-            w = (torch.rand(d_model, d_model, generator=g) * 2 - 1) * bound
-            b = (torch.rand(d_model, generator=g) * 2 - 1) * bound if lin.bias is not None else torch.zeros(d_model)
-            lin.weight.copy_(w.to(lin.weight))
-            if lin.bias is not None:
-                lin.bias.copy_(b.to(lin.bias))
-            weights[name] = (w, b)
-
-    def load(module: nn.Module) -> nn.Module:
-        with torch.no_grad():
-            for name, (w, b) in weights.items():
-                getattr(module, name).weight.copy_(w)
-                getattr(module, name).bias.copy_(b)
-        return module.eval()
-
-    ref = load(MultiHeadAttention(d_model, num_heads))
-    # Inputs scaled up so that a missing or wrong scale changes the softmax visibly.
-    query, key, value = (torch.randn(batch, seq, d_model, generator=g) * 3 for _ in range(3))
+    weights, (query, key, value) = _seeded_case(learner, d_model, batch, seq, seed)
+    ref = _load(MultiHeadAttention(d_model, num_heads), weights)
     mask = causal_mask(seq)
     cases = [("without a mask", None), ("with a causal mask", mask)]
 
@@ -362,11 +410,17 @@ def check_mha(
         if _same(got, expected):
             continue
         diff = _max_diff(got, expected)
+        matches = []
         for bug, bug_cls in PLANTED_BUGS.items():
             with torch.no_grad():
-                cand = _out(load(bug_cls(d_model, num_heads))(query, key, value, mask=m))
+                cand = _out(_load(bug_cls(d_model, num_heads), weights)(query, key, value, mask=m))
             if _same(got, cand) and not _same(cand, expected):
-                return MHACheck(False, bug, f"FAIL {label} (max |diff| = {diff:.3g}). {BUG_MESSAGES[bug]}", diff)
+                matches.append(bug)
+        if len(matches) > 1:
+            matches = _disambiguate(cls, matches, d_model, num_heads, batch, seq, seed, m is not None) or matches
+        if matches:
+            bug = matches[0]
+            return MHACheck(False, bug, f"FAIL {label} (max |diff| = {diff:.3g}). {BUG_MESSAGES[bug]}", diff)
         nan = " The output contains NaN: is a row of scores entirely -inf?" if torch.isnan(got).any() else ""
         return MHACheck(
             False, "unknown",

@@ -1,6 +1,6 @@
 r"""The tiny decoder-only transformer that notebooks 03-06 train on synthetic tasks.
 
-Built in ``notebooks/03_multi_head_attention.ipynb`` (section "the tiny transformer"),
+Built in ``notebooks/03_mha_from_scratch.ipynb`` (section "the tiny transformer"),
 then used by notebook 04 (residual dropout: ``dropout=p``), 05 (head pruning and
 head importance: ``head_mask`` of shape ``(num_layers, num_heads)``, per-layer
 ``attention_weights``) and 06 (positional encodings compared: ``pos`` in
@@ -87,6 +87,7 @@ class TransformerBlock(nn.Module):
         rope_layout: str = "interleaved",
         bias: bool = True,
         norm: str = "pre",
+        num_kv_heads: Optional[int] = None,
     ) -> None:
         super().__init__()
         if norm not in ("pre", "post"):
@@ -94,7 +95,8 @@ class TransformerBlock(nn.Module):
         self.norm = norm
         self.ln1 = nn.LayerNorm(d_model)
         self.attn = MultiHeadAttention(
-            d_model, num_heads, dropout=attn_dropout, bias=bias, rope=rope, rope_base=rope_base, rope_layout=rope_layout
+            d_model, num_heads, dropout=attn_dropout, bias=bias, rope=rope, rope_base=rope_base, rope_layout=rope_layout,
+            num_kv_heads=num_kv_heads,
         )
         self.ln2 = nn.LayerNorm(d_model)
         self.ff = nn.Sequential(nn.Linear(d_model, d_ff, bias=bias), nn.ReLU(), nn.Linear(d_ff, d_model, bias=bias))
@@ -149,6 +151,9 @@ class TinyTransformer(nn.Module):
         rope_base, rope_layout: RoPE options (see :class:`MultiHeadAttention`).
         bias: biases in the linear layers.
         norm: ``"pre"`` (default) or ``"post"`` (the original paper).
+        num_kv_heads: key/value heads per layer (default ``num_heads``); fewer gives
+            grouped-query attention, 1 multi-query attention (see :class:`MultiHeadAttention`;
+            notebook 05).
         seed: if given, the parameters are initialised from ``torch.manual_seed(seed)``
             inside ``torch.random.fork_rng`` (the global RNG is left untouched), so the same
             seed gives the same model whatever ran before.
@@ -171,6 +176,7 @@ class TinyTransformer(nn.Module):
         bias: bool = True,
         norm: str = "pre",
         seed: Optional[int] = None,
+        num_kv_heads: Optional[int] = None,
     ) -> None:
         super().__init__()
         for name, val in (("vocab_size", vocab_size), ("d_model", d_model), ("num_heads", num_heads),
@@ -188,6 +194,7 @@ class TinyTransformer(nn.Module):
             raise ValueError(f"seed must be None or a non-negative int, got {seed!r}")
         self.vocab_size, self.d_model, self.num_heads, self.num_layers = vocab_size, d_model, num_heads, num_layers
         self.max_len, self.pos, self.causal, self.norm = max_len, pos, bool(causal), norm
+        self.num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         with torch.random.fork_rng(devices=[], enabled=seed is not None):
             if seed is not None:
                 torch.manual_seed(seed)
@@ -196,7 +203,7 @@ class TinyTransformer(nn.Module):
             self.blocks = nn.ModuleList(
                 TransformerBlock(d_model, num_heads, d_ff, dropout=dropout, attn_dropout=attn_dropout,
                                  rope=(pos == "rope"), rope_base=rope_base, rope_layout=rope_layout,
-                                 bias=bias, norm=norm)
+                                 bias=bias, norm=norm, num_kv_heads=num_kv_heads)
                 for _ in range(num_layers)
             )
             self.ln_f = nn.LayerNorm(d_model) if norm == "pre" else nn.Identity()

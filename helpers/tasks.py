@@ -1,6 +1,6 @@
 r"""Synthetic sequence tasks, generated in code from a seed, that the tiny transformer learns.
 
-Introduced in ``notebooks/03_multi_head_attention.ipynb`` (a tiny model learns them in
+Introduced in ``notebooks/03_mha_from_scratch.ipynb`` (a tiny model learns them in
 seconds) and used by notebooks 04 (regularisation), 05 (which heads a task needs:
 :class:`MixedTask` mixes relations) and 06 (which positional encoding suits which
 relation; evaluation at other lengths).

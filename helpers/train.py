@@ -1,6 +1,6 @@
 r"""A small, deterministic training loop for the tiny models of the series.
 
-Introduced in ``notebooks/03_multi_head_attention.ipynb`` (train the tiny transformer
+Introduced in ``notebooks/03_mha_from_scratch.ipynb`` (train the tiny transformer
 on a synthetic task) and used by notebooks 04 (``loss_fn`` for label smoothing,
 ``penalty`` for L1/L2, ``weight_decay``; residual dropout in the model), 05 (train,
 then prune heads) and 06 (one model per positional encoding).

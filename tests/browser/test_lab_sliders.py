@@ -143,7 +143,11 @@ def test_notebook_runs_and_explorers_respond(path, lab, browser, screenshot_dir)
                 page.mouse.move(x0, y0)
                 page.mouse.down()
                 t0 = time.perf_counter()
-                page.mouse.move(x0 + (-25 if at_max else 25), y0, steps=4)
+                direction = -1 if at_max else 1
+                for dx in range(10, 400, 10):  # drag until the slider's value changes (any track length)
+                    page.mouse.move(x0 + direction * dx, y0, steps=2)
+                    if _readout(handle) != before_val:
+                        break
                 page.mouse.up()
                 try:
                     _wait_redraw(page, explorer, old_src)
