@@ -1,0 +1,96 @@
+"""Bridges from the series' from-scratch modules to Hugging Face ``transformers`` (notebook 07).
+
+* :func:`llama_rope` -- Llama's rotary embedding (``LlamaRotaryEmbedding`` +
+  ``apply_rotary_pos_emb``) applied to one tensor, for comparison with
+  :func:`helpers.apply_rope` (``layout="half"``).
+* :func:`mha_from_llama` -- a :class:`helpers.MultiHeadAttention` holding the weights of a
+  ``LlamaAttention`` layer (bias-free projections, half-layout RoPE, grouped K/V heads).
+* :func:`llama_causal_mask` -- the additive ``(batch, 1, q, k)`` mask that Llama's eager
+  attention adds to its scores.
+* :func:`hf_permute_for_rope` -- the per-head row permutation that checkpoint converters
+  apply to ``W_q``/``W_k`` trained for the interleaved layout (Meta's original Llama) so
+  that the half layout (Hugging Face) gives identical scores.
+
+``transformers`` is imported lazily: the rest of ``helpers`` does not need it. Nothing is
+downloaded: models are built from a config with random weights.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from .attention import MultiHeadAttention
+from .rope import interleaved_to_half_index
+
+__all__ = ["llama_rope", "llama_causal_mask", "mha_from_llama", "hf_permute_for_rope"]
+
+
+def llama_rope(x: torch.Tensor, positions: torch.Tensor, config) -> torch.Tensor:
+    """Rotate ``x`` ``(batch, heads, seq, head_dim)`` exactly as Llama does for ``positions`` ``(batch, seq)``.
+
+    Uses ``LlamaRotaryEmbedding(config)`` for cos/sin and ``apply_rotary_pos_emb`` (which
+    rotates q and k; ``x`` is passed as both).
+    """
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+    if x.dim() != 4:
+        raise ValueError(f"x must be (batch, heads, seq, head_dim), got shape {tuple(x.shape)}")
+    if positions.shape != (x.shape[0], x.shape[2]):
+        raise ValueError(f"positions must be (batch, seq) = {(x.shape[0], x.shape[2])}, got {tuple(positions.shape)}")
+    cos, sin = LlamaRotaryEmbedding(config)(x, positions)
+    q, _ = apply_rotary_pos_emb(x, x, cos, sin)
+    return q
+
+
+def llama_causal_mask(batch: int, seq: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``(batch, 1, seq, seq)``: 0 where a query may attend (key <= query), the dtype's most
+    negative number elsewhere (what ``transformers`` adds to the scores in eager attention)."""
+    allowed = torch.ones(seq, seq, dtype=torch.bool).tril()
+    mask = torch.zeros(seq, seq, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+    return mask.expand(batch, 1, seq, seq)
+
+
+def mha_from_llama(layer: nn.Module, config) -> MultiHeadAttention:
+    """A :class:`MultiHeadAttention` with the weights of ``layer`` (a ``LlamaAttention``).
+
+    ``q_proj, k_proj, v_proj, o_proj`` map to ``linear_q, linear_k, linear_v, linear_out``;
+    RoPE uses the half layout and ``config.rope_theta``; ``num_key_value_heads`` becomes
+    ``num_kv_heads``. Biases are copied when the layer has them (``attention_bias=True``).
+    """
+    d_model, h = config.hidden_size, config.num_attention_heads
+    kv = getattr(config, "num_key_value_heads", None) or h
+    head_dim = getattr(config, "head_dim", None) or d_model // h
+    if head_dim * h != d_model:
+        raise ValueError(f"head_dim * num_attention_heads must equal hidden_size, got {head_dim} * {h} != {d_model}")
+    rope_theta = _rope_theta(config)
+    bias = layer.q_proj.bias is not None
+    mha = MultiHeadAttention(d_model, h, bias=bias, rope=True, rope_base=rope_theta, rope_layout="half", num_kv_heads=kv)
+    with torch.no_grad():
+        for ours, theirs in [(mha.linear_q, layer.q_proj), (mha.linear_k, layer.k_proj),
+                             (mha.linear_v, layer.v_proj), (mha.linear_out, layer.o_proj)]:
+            ours.weight.copy_(theirs.weight)
+            if bias:
+                ours.bias.copy_(theirs.bias)
+    return mha.to(layer.q_proj.weight.dtype)
+
+
+def _rope_theta(config) -> float:
+    theta = getattr(config, "rope_theta", None)
+    if theta is None:
+        params = getattr(config, "rope_parameters", None) or {}
+        theta = params.get("rope_theta", 10000.0)
+    return float(theta)
+
+
+def hf_permute_for_rope(w: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Rows of ``W_q`` or ``W_k`` ``(num_heads * head_dim, d_model)`` reordered within each head by
+    :func:`~helpers.interleaved_to_half_index`: weights trained with interleaved RoPE then
+    give the same scores with half-layout RoPE (``permute`` in HF's Llama conversion script)."""
+    out_features = w.shape[0]
+    if out_features % num_heads:
+        raise ValueError(f"w.shape[0] must be divisible by num_heads, got {out_features} and {num_heads}")
+    head_dim = out_features // num_heads
+    perm = interleaved_to_half_index(head_dim)
+    return w.view(num_heads, head_dim, -1)[:, perm].reshape_as(w)
