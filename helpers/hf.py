@@ -24,7 +24,7 @@ from torch import nn
 from .attention import MultiHeadAttention
 from .rope import interleaved_to_half_index
 
-__all__ = ["llama_rope", "llama_causal_mask", "mha_from_llama", "hf_permute_for_rope"]
+__all__ = ["llama_rope", "llama_causal_mask", "mha_from_llama", "hf_permute_for_rope", "LlamaForHeads"]
 
 
 def llama_rope(x: torch.Tensor, positions: torch.Tensor, config) -> torch.Tensor:
@@ -94,3 +94,59 @@ def hf_permute_for_rope(w: torch.Tensor, num_heads: int) -> torch.Tensor:
     head_dim = out_features // num_heads
     perm = interleaved_to_half_index(head_dim)
     return w.view(num_heads, head_dim, -1)[:, perm].reshape_as(w)
+
+
+class LlamaForHeads(nn.Module):
+    """A Hugging Face ``LlamaForCausalLM`` seen through the series' interface, so that
+    :func:`helpers.train.train` and the head tools of :mod:`helpers.heads` work on it unchanged.
+
+    * ``forward(tokens, head_mask=None, need_weights=True) -> logits`` ``(batch, seq, vocab)``;
+    * ``num_layers``, ``num_heads``, ``blocks`` (the decoder layers) and, after a forward with
+      ``need_weights=True``, ``attention_weights``: one detached ``(batch, heads, seq, seq)``
+      tensor per layer (``output_attentions=True``; needs ``attn_implementation="eager"``);
+    * ``head_mask`` ``(num_layers, num_heads)`` or ``(batch, num_layers, num_heads)`` multiplies
+      each head's output before ``o_proj``, like ``MultiHeadAttention(head_mask=...)``. It is
+      applied by a forward pre-hook on every ``o_proj``: the Llama code itself is untouched.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        cfg = model.config
+        self.model = model
+        self.num_layers = cfg.num_hidden_layers
+        self.num_heads = cfg.num_attention_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.blocks = model.model.layers
+        self.attention_weights: list[torch.Tensor] = []
+        self._head_mask: Optional[torch.Tensor] = None
+        for i, layer in enumerate(self.blocks):
+            layer.self_attn.o_proj.register_forward_pre_hook(self._make_hook(i))
+
+    def _make_hook(self, layer_index: int):
+        def hook(module, args):
+            if self._head_mask is None:
+                return None
+            (x,) = args  # (batch, seq, heads * head_dim): the concatenated head outputs
+            m = self._head_mask[..., layer_index, :]  # (heads,) or (batch, heads)
+            shape = (x.shape[0] if m.dim() == 2 else 1, 1, self.num_heads, 1)
+            x = (x.unflatten(-1, (self.num_heads, self.head_dim)) * m.reshape(shape).to(x.dtype)).flatten(-2)
+            return (x,)
+
+        return hook
+
+    def forward(self, tokens: torch.Tensor, head_mask: Optional[torch.Tensor] = None, need_weights: bool = True) -> torch.Tensor:
+        if head_mask is not None:
+            expected = {(self.num_layers, self.num_heads), (tokens.shape[0], self.num_layers, self.num_heads)}
+            if tuple(head_mask.shape) not in expected:
+                raise ValueError(
+                    f"head_mask must have shape (num_layers, num_heads) = {(self.num_layers, self.num_heads)} "
+                    f"or (batch, num_layers, num_heads), got {tuple(head_mask.shape)}"
+                )
+        self._head_mask = head_mask
+        try:
+            out = self.model(input_ids=tokens, output_attentions=need_weights, use_cache=False)
+        finally:
+            self._head_mask = None
+        if need_weights:
+            self.attention_weights = [w.detach() for w in out.attentions]
+        return out.logits

@@ -78,3 +78,46 @@ def test_errors():
         llama_rope(torch.randn(3, 4), torch.zeros(1, 3, dtype=torch.long), _config())
     with pytest.raises(ValueError, match="w.shape\\[0\\] must be divisible by num_heads, got 10 and 4"):
         hf_permute_for_rope(torch.randn(10, 8), 4)
+
+
+def _small_lm(heads=4):
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=heads,
+                      num_key_value_heads=heads, max_position_embeddings=32, attn_implementation="eager", initializer_range=0.1)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def test_llama_for_heads_mask_equals_removing_the_head_slice():
+    from helpers.hf import LlamaForHeads
+
+    lm = _small_lm()
+    wrapped = LlamaForHeads(lm)
+    tokens = torch.randint(0, 16, (3, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 4)
+    mask[1, 2] = 0.0
+    with torch.no_grad():
+        masked = wrapped(tokens, head_mask=mask)
+        assert [tuple(w.shape) for w in wrapped.attention_weights] == [(3, 4, 7, 7)] * 2
+        plain = wrapped(tokens)
+        o = lm.model.layers[1].self_attn.o_proj
+        saved = o.weight.clone()
+        o.weight[:, 2 * 8 : 3 * 8] = 0.0  # head 2's columns of W^O (head_dim 8)
+        removed = lm(input_ids=tokens).logits
+        o.weight.copy_(saved)
+    torch.testing.assert_close(masked, removed)
+    assert (masked - plain).abs().max() > 1e-3
+    torch.testing.assert_close(wrapped(tokens, head_mask=torch.ones(2, 4)), plain)
+
+
+def test_llama_for_heads_head_mask_is_differentiable_and_checked():
+    from helpers.hf import LlamaForHeads
+
+    wrapped = LlamaForHeads(_small_lm())
+    tokens = torch.randint(0, 16, (2, 5), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 4, requires_grad=True)
+    wrapped(tokens, head_mask=mask, need_weights=False).sum().backward()
+    assert mask.grad is not None and mask.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match=r"head_mask must have shape \(num_layers, num_heads\) = \(2, 4\)"):
+        wrapped(tokens, head_mask=torch.ones(4))
