@@ -11,6 +11,8 @@ Modules
 * :mod:`helpers.model`, :mod:`helpers.tasks`, :mod:`helpers.train` -- the tiny transformer,
   synthetic tasks and training loop (taught in 03, used by 04-06).
 * :mod:`helpers.regularization` -- dropout, label smoothing, penalties, calibration (notebook 04).
+* :mod:`helpers.heads` -- head importance, pruning, similarity, roles (notebook 05).
+* :mod:`helpers.hf` -- bridges to Hugging Face ``transformers`` (notebook 07; imports it lazily).
 * :mod:`helpers.viz` -- figures and slider explorers (no numerics of its own).
 * :mod:`helpers.utils` -- seeding and determinism.
 """
@@ -43,6 +45,21 @@ from .tasks import (
 )
 from .train import TrainResult, cross_entropy_loss, evaluate, train
 from .check import BUG_MESSAGES, PLANTED_BUGS, SCAFFOLD, MHACheck, NotesMHA, check_mha
+from .heads import (
+    PruningCurve,
+    TwoPositionTask,
+    ablation_importance,
+    attention_at_offset,
+    attention_entropy,
+    attention_maps,
+    head_importance,
+    head_outputs,
+    head_similarity,
+    induction_score,
+    label_heads,
+    pruning_curve,
+    similarity_clusters,
+)
 
 __all__ = [
     "seed_everything",
@@ -58,4 +75,8 @@ __all__ = [
     "TrainResult", "cross_entropy_loss", "evaluate", "train",
     # check
     "BUG_MESSAGES", "PLANTED_BUGS", "SCAFFOLD", "MHACheck", "NotesMHA", "check_mha",
+    # heads
+    "PruningCurve", "TwoPositionTask", "ablation_importance", "attention_at_offset", "attention_entropy",
+    "attention_maps", "head_importance", "head_outputs", "head_similarity", "induction_score", "label_heads",
+    "pruning_curve", "similarity_clusters",
 ]

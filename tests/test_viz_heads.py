@@ -1,0 +1,84 @@
+"""Tests of helpers.viz.heads: the pure state functions of notebook 05's explorers, and the explorers."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import heads as hd
+from helpers.model import TinyTransformer
+from helpers.tasks import LookbackTask
+from helpers.viz.heads import head_explorer, head_explorer_state, prune_explorer, prune_explorer_state
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model = TinyTransformer(10, 16, 2, 2, 12, pos="rope", seed=0).eval()
+    data = LookbackTask(num_symbols=10, seq_len=12, k=2).make(16, seed=0)
+    curves = {"importance": hd.pruning_curve(model, data), "random": hd.pruning_curve(model, data, "random", seed=1)}
+    maps = hd.attention_maps(model, data[0])
+    return model, data, curves, maps
+
+
+def test_prune_state_follows_the_curve(setup):
+    _, _, curves, _ = setup
+    c = curves["random"]
+    s = prune_explorer_state(curves, "random", 3)
+    assert s["n_pruned"] == 3 and s["num_heads_total"] == 4 and s["fraction"] == pytest.approx(0.75)
+    assert s["removed"] == c.order[:3]
+    np.testing.assert_array_equal(s["mask"], c.masks[3].numpy())
+    assert int((s["mask"] == 0).sum()) == 3
+    assert s["accuracy"] == pytest.approx(float(c.accuracy[3]))
+    assert s["drop"] == pytest.approx(100 * float(c.accuracy[0] - c.accuracy[3]))
+    assert prune_explorer_state(curves, "importance", 0)["removed"] == []
+
+
+def test_head_state(setup):
+    _, data, _, maps = setup
+    labels = [["a", "b"], ["c", "d"]]
+    s = head_explorer_state(maps, data[0], 1, 0, 5, labels, [f"t{i}" for i in range(10)])
+    np.testing.assert_allclose(s["weights"], maps[1, 5, 0].double().numpy())
+    np.testing.assert_allclose(s["weights"].sum(-1), 1.0, atol=1e-6)
+    assert s["role"] == "c" and s["tokens"][0] == f"t{int(data[0][5, 0])}" and len(s["tokens"]) == 12
+    assert np.array_equal(s["argmax"], maps[1, 5, 0].argmax(-1).numpy())
+    # a previous-token map has mean offset (n-1)/n
+    prev = torch.zeros(1, 1, 1, 4, 4)
+    prev[0, 0, 0, 0, 0] = 1
+    prev[0, 0, 0, [1, 2, 3], [0, 1, 2]] = 1
+    assert head_explorer_state(prev, torch.zeros(1, 4, dtype=torch.long), 0, 0, 0)["mean_offset"] == pytest.approx(0.75)
+
+
+def test_explorers_update_figure_and_summary(setup):
+    _, data, curves, maps = setup
+    ex = prune_explorer(curves, n_pruned=1)
+    before, label = ex.image.value, ex.label.value
+    s = ex.set(n_pruned=2)
+    assert s["n_pruned"] == 2 and ex.image.value != before and ex.label.value != label
+    label = ex.label.value
+    ex.set(order="random")
+    assert ex.label.value != label and "random" in ex.label.value
+    hx = head_explorer(maps, data[0])
+    before, label = hx.image.value, hx.label.value
+    hx.set(layer=1, head=1)
+    assert hx.image.value != before and hx.label.value != label
+    assert len(hx.times_ms) == 2 and len(ex.times_ms) == 3
+
+
+def test_errors(setup):
+    _, data, curves, maps = setup
+    with pytest.raises(ValueError, match=r"curves must be a non-empty dict of name -> PruningCurve, got list"):
+        prune_explorer_state([], "x", 0)
+    with pytest.raises(ValueError, match=r"order must be one of \['importance', 'random'\], got 'magnitude'"):
+        prune_explorer_state(curves, "magnitude", 0)
+    with pytest.raises(ValueError, match=r"n_pruned must be an int in \[0, 4\], got 5"):
+        prune_explorer_state(curves, "random", 5)
+    model, data2 = setup[0], setup[1]
+    coarse = {"c": hd.pruning_curve(model, data2, "random", heads_per_step=2)}
+    with pytest.raises(ValueError, match=r"curve 'c' must prune one head per step \(5 points\), got 3 points"):
+        prune_explorer_state(coarse, "c", 0)
+    with pytest.raises(ValueError, match=r"head must be an int in \[0, 2\), got 2"):
+        head_explorer_state(maps, data[0], 0, 2, 0)
+    with pytest.raises(ValueError, match=r"inputs must have shape \(batch, seq\) = \(16, 12\), got \(2, 12\)"):
+        head_explorer_state(maps, data[0][:2], 0, 0, 0)
+    with pytest.raises(ValueError, match=r"maps must be a \(num_layers, batch, num_heads, seq, seq\) tensor, got \(2, 2\)"):
+        head_explorer_state(torch.ones(2, 2), data[0], 0, 0, 0)
