@@ -12,6 +12,7 @@ Modules
   synthetic tasks and training loop (taught in 03, used by 04-06).
 * :mod:`helpers.regularization` -- dropout, label smoothing, penalties, calibration (notebook 04).
 * :mod:`helpers.heads` -- head importance, pruning, similarity, roles (notebook 05).
+* :mod:`helpers.positional` -- shift, length and RoPE-stretching experiments (notebook 06).
 * :mod:`helpers.hf` -- bridges to Hugging Face ``transformers`` (notebook 07; imports it lazily).
 * :mod:`helpers.viz` -- figures and slider explorers (no numerics of its own).
 * :mod:`helpers.utils` -- seeding and determinism.
@@ -25,6 +26,7 @@ from .rope import (
     half_to_interleaved,
     interleaved_to_half,
     interleaved_to_half_index,
+    ntk_scaled_base,
     rope_angles,
     rope_frequencies,
     rotation_matrix,
@@ -44,6 +46,7 @@ from .tasks import (
     sequence_accuracy,
 )
 from .train import TrainResult, cross_entropy_loss, evaluate, train
+from .positional import PairRecallTask, use_rope_base
 from .check import BUG_MESSAGES, PLANTED_BUGS, SCAFFOLD, MHACheck, NotesMHA, check_mha
 from .heads import (
     PruningCurve,
@@ -65,7 +68,7 @@ __all__ = [
     "seed_everything",
     # rope
     "RotaryEmbedding", "apply_rope", "apply_rope_complex", "apply_rope_matrix", "half_to_interleaved",
-    "interleaved_to_half", "interleaved_to_half_index", "rope_angles", "rope_frequencies", "rotation_matrix",
+    "interleaved_to_half", "interleaved_to_half_index", "ntk_scaled_base", "rope_angles", "rope_frequencies", "rotation_matrix",
     # attention
     "MultiHeadAttention", "causal_mask", "scaled_dot_product_attention",
     # model, tasks, train
@@ -79,4 +82,6 @@ __all__ = [
     "PruningCurve", "TwoPositionTask", "ablation_importance", "attention_at_offset", "attention_entropy",
     "attention_maps", "head_importance", "head_outputs", "head_similarity", "induction_score", "label_heads",
     "pruning_curve", "similarity_clusters",
+    # positional
+    "PairRecallTask", "use_rope_base",
 ]

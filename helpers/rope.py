@@ -18,6 +18,21 @@ Conventions used throughout the series
   Hugging Face Llama's ``rotate_half``).
 * Angles are computed in float32, or float64 when the input is float64, whatever
   the input dtype; the output has the input's dtype.
+
+Stretching RoPE to longer sequences (``notebooks/06_positional_encodings_compared.ipynb``)
+-------------------------------------------------------------------------------------------
+Two keyword options of :func:`apply_rope` and :class:`RotaryEmbedding`, one line of math each
+(both off by default):
+
+* ``scale=s`` -- **position interpolation** (Chen et al. 2023, "Extending Context Window of
+  Large Language Models via Positional Interpolation"): position :math:`m` becomes
+  :math:`m/s`, so a model trained on length :math:`L` and run on :math:`L' = sL` sees
+  positions in :math:`[0, L)` again; every angle :math:`m\\theta_i` is divided by :math:`s`.
+* ``ntk_scale=s`` -- **NTK-aware base scaling** (bloc97 2023, "NTK-Aware Scaled RoPE allows
+  LLaMA models to have extended (8k+) context size without any fine-tuning", r/LocalLLaMA;
+  restated in Peng et al. 2023, YaRN, sec. 3.1): the base becomes :func:`ntk_scaled_base`
+  :math:`= \\text{base}\\cdot s^{d/(d-2)}`, i.e. :math:`\\theta'_i = \\theta_i\\,s^{-2i/(d-2)}`:
+  the fastest pair is unchanged, the slowest is divided by exactly :math:`s`.
 """
 from __future__ import annotations
 
@@ -39,6 +54,7 @@ __all__ = [
     "half_to_interleaved",
     "interleaved_to_half_index",
     "RotaryEmbedding",
+    "ntk_scaled_base",
 ]
 
 LAYOUTS = ("interleaved", "half")
@@ -65,6 +81,14 @@ def _check_base(base: float) -> float:
     if not math.isfinite(base) or base <= 0:
         raise ValueError(f"base must be a finite number > 0, got {base}")
     return float(base)
+
+
+def _check_scale(scale: float, name: str) -> float:
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(scale).__name__} ({scale!r})")
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"{name} must be a finite number > 0 (1 = no scaling), got {scale}")
+    return float(scale)
 
 
 def _check_layout(layout: str) -> str:
@@ -160,6 +184,35 @@ def rope_angles(
             pos = pos.reshape(1)
     theta = rope_frequencies(head_dim, base, dtype=dtype, device=device)
     return pos[..., None] * theta
+
+
+def ntk_scaled_base(base: float, scale: float, head_dim: int) -> float:
+    r"""The NTK-aware RoPE base for stretching the context by a factor ``scale`` = :math:`s`.
+
+    .. math::
+        \text{base}' = \text{base}\cdot s^{d/(d-2)}
+        \quad\Rightarrow\quad
+        \theta'_i = \text{base}'^{-2i/d} = \theta_i\, s^{-2i/(d-2)}
+
+    Pair 0 (the fastest: local detail) keeps its frequency; the slowest pair
+    (:math:`i = d/2-1`) is divided by exactly :math:`s`, as position interpolation divides
+    every pair. bloc97 (2023), "NTK-Aware Scaled RoPE allows LLaMA models to have extended
+    (8k+) context size without any fine-tuning"; Peng et al. (2023, YaRN), sec. 3.1.
+
+    Args:
+        base: the trained base, > 0 (10000 in RoFormer).
+        scale: :math:`s = L'/L`, > 0 (1 returns ``base``).
+        head_dim: :math:`d`, even and >= 4 (the exponent needs :math:`d > 2`).
+
+    Returns:
+        The new base (a float).
+    """
+    base = _check_base(base)
+    scale = _check_scale(scale, "scale")
+    _check_head_dim(head_dim)
+    if head_dim < 4:
+        raise ValueError(f"head_dim must be >= 4 for NTK scaling (the exponent d/(d-2) needs d > 2), got {head_dim}")
+    return base * scale ** (head_dim / (head_dim - 2))
 
 
 # ------------------------------------------------------------------ the matrix form
@@ -318,6 +371,9 @@ def apply_rope(
     positions: PositionsLike = None,
     base: float = 10000.0,
     layout: str = "interleaved",
+    *,
+    scale: float = 1.0,
+    ntk_scale: float = 1.0,
 ) -> torch.Tensor:
     r"""Rotate ``x`` by RoPE with the element-wise form (RoFormer eq. 34).
 
@@ -348,6 +404,10 @@ def apply_rope(
             (integers, or floats for interpolated positions).
         base: frequency base, > 0.
         layout: ``"interleaved"`` or ``"half"``.
+        scale: position interpolation (Chen et al. 2023): every position is divided by
+            ``scale`` (> 0; 1 = off). ``scale = L'/L`` maps positions ``0 .. L'-1`` into ``[0, L)``.
+        ntk_scale: NTK-aware scaling (bloc97 2023): ``base`` is replaced by
+            :func:`ntk_scaled_base` ``(base, ntk_scale, head_dim)`` (> 0; 1 = off).
 
     Returns:
         Tensor of the shape and dtype of ``x``. Angles are computed in float32 (float64
@@ -358,6 +418,10 @@ def apply_rope(
     _check_layout(layout)
     seq, d = x.shape[-2], x.shape[-1]
     adt = _angle_dtype(x.dtype)
+    if ntk_scale != 1.0:
+        base = ntk_scaled_base(base, _check_scale(ntk_scale, "ntk_scale"), d)  # NTK-aware: base' = base * s^(d/(d-2))
+    if scale != 1.0:
+        positions = _positions_tensor(positions, seq, x.device, adt) / _check_scale(scale, "scale")  # PI: m -> m/s
     if positions is None:
         cos, sin, rot = _cached_tables(seq, d, base, str(x.device), adt)
     else:
@@ -437,6 +501,11 @@ class RotaryEmbedding(torch.nn.Module):
         base: frequency base, > 0.
         layout: ``"interleaved"`` or ``"half"``.
         initial_cache_len: how many positions to precompute.
+        scale: position interpolation (Chen et al. 2023): positions are divided by ``scale``
+            (> 0; 1 = off), as in :func:`apply_rope`.
+        ntk_scale: NTK-aware scaling (bloc97 2023): the rotations use
+            ``base = ntk_scaled_base(base, ntk_scale, head_dim)`` (> 0; 1 = off).
+            ``self.base`` stays the given base; ``self.rotary_base`` is the one used.
     """
 
     def __init__(
@@ -445,6 +514,9 @@ class RotaryEmbedding(torch.nn.Module):
         base: float = 10000.0,
         layout: str = "interleaved",
         initial_cache_len: int = 256,
+        *,
+        scale: float = 1.0,
+        ntk_scale: float = 1.0,
     ) -> None:
         super().__init__()
         self.head_dim = _check_head_dim(head_dim)
@@ -452,12 +524,20 @@ class RotaryEmbedding(torch.nn.Module):
         self.layout = _check_layout(layout)
         if isinstance(initial_cache_len, bool) or not isinstance(initial_cache_len, int) or initial_cache_len < 1:
             raise ValueError(f"initial_cache_len must be an int >= 1, got {initial_cache_len!r}")
+        self.scale = _check_scale(scale, "scale")
+        self.ntk_scale = _check_scale(ntk_scale, "ntk_scale")
+        self.rotary_base = self.base if self.ntk_scale == 1.0 else ntk_scaled_base(self.base, self.ntk_scale, head_dim)
         self._cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self._complex_cache: dict[tuple, torch.Tensor] = {}  # cos + i sin, for the one-pass path
         self._initial = initial_cache_len
 
     def extra_repr(self) -> str:
-        return f"head_dim={self.head_dim}, base={self.base:g}, layout={self.layout!r}"
+        s = f"head_dim={self.head_dim}, base={self.base:g}, layout={self.layout!r}"
+        if self.scale != 1.0:
+            s += f", scale={self.scale:g}"
+        if self.ntk_scale != 1.0:
+            s += f", ntk_scale={self.ntk_scale:g} (rotary_base={self.rotary_base:g})"
+        return s
 
     def cache_len(self, device=None, dtype: torch.dtype = torch.float32) -> int:
         """Number of cached positions for this device and angle dtype (0 if none)."""
@@ -472,7 +552,7 @@ class RotaryEmbedding(torch.nn.Module):
         entry = self._cache.get(key)
         if entry is None or entry[0].shape[0] < n:
             size = max(n, self._initial, 2 * (entry[0].shape[0] if entry is not None else 0))
-            angle = rope_angles(size, self.head_dim, self.base, dtype=adt, device=device)
+            angle = rope_angles(size, self.head_dim, self.rotary_base, dtype=adt, device=device)
             entry = (torch.cos(angle), torch.sin(angle))
             self._cache[key] = entry
         cos, sin = entry[0][:n], entry[1][:n]
@@ -496,6 +576,8 @@ class RotaryEmbedding(torch.nn.Module):
                 f"x.shape[-1] must equal head_dim={self.head_dim}, got shape {tuple(x.shape)}"
             )
         seq = x.shape[-2]
+        if self.scale != 1.0:  # position interpolation: m -> m / s (then computed directly)
+            positions = _positions_tensor(positions, seq, x.device, _angle_dtype(x.dtype)) / self.scale
         if positions is None:
             if self.layout == "interleaved" and _complex_viewable(x):  # float32/float64: one pass
                 return _rotate_complex(x, self._complex_table(seq, x.device, x.dtype))
@@ -510,5 +592,5 @@ class RotaryEmbedding(torch.nn.Module):
             idx = pos.long()
             cos, sin = cos_t[idx].to(x.dtype), sin_t[idx].to(x.dtype)
         else:
-            cos, sin = _cos_sin(seq, self.head_dim, self.base, pos, x.device, adt)
+            cos, sin = _cos_sin(seq, self.head_dim, self.rotary_base, pos, x.device, adt)
         return _rotate(x, cos, sin, self.layout)

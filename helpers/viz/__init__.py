@@ -11,6 +11,7 @@ One module per notebook:
 * :mod:`helpers.viz.rope_efficient` -- notebook 02: cos/sin cache explorer, precision and benchmark figures.
 * :mod:`helpers.viz.attention` -- notebook 03: attention-map grid and the layer/head/query explorer.
 * :mod:`helpers.viz.heads` -- notebook 05: pruning and head explorers.
+* :mod:`helpers.viz.positional` -- notebook 06: shift/length explorer over precomputed results.
 * :mod:`helpers.viz.regularization` -- notebook 04: label-smoothing and dropout explorers.
 """
 from .explorer import FIGSIZE, Explorer
@@ -18,6 +19,7 @@ from .rope import long_term_decay, rope_explorer, rope_explorer_state
 from .rope_efficient import plot_angle_precision, plot_rope_benchmark, rope_cache_explorer, rope_cache_state
 from .attention import attention_explorer, attention_explorer_state, attention_grid, stack_attention
 from .heads import head_explorer, head_explorer_state, prune_explorer, prune_explorer_state
+from .positional import shift_length_explorer, shift_length_state
 from .regularization import dropout_explorer, dropout_state, label_smoothing_explorer, label_smoothing_state
 
 __all__ = [
@@ -26,5 +28,6 @@ __all__ = [
     "plot_angle_precision", "plot_rope_benchmark", "rope_cache_explorer", "rope_cache_state",
     "attention_explorer", "attention_explorer_state", "attention_grid", "stack_attention",
     "head_explorer", "head_explorer_state", "prune_explorer", "prune_explorer_state",
+    "shift_length_explorer", "shift_length_state",
     "dropout_explorer", "dropout_state", "label_smoothing_explorer", "label_smoothing_state",
 ]

@@ -1,0 +1,318 @@
+r"""Experiments on positional encodings: shifted positions, longer sequences, stretched RoPE.
+
+Taught in ``notebooks/06_positional_encodings_compared.ipynb``, which trains one
+:class:`~helpers.model.TinyTransformer` per positional scheme (``pos`` in ``"none"``,
+``"sinusoidal"``, ``"learned"``, ``"rope"``) and then evaluates the *same* trained models
+
+* with every position shifted by a constant (``offset``, shift invariance),
+* on sequences 2x and 4x longer than in training (length extrapolation),
+* with RoPE stretched by position interpolation or NTK-aware base scaling.
+
+What is here:
+
+* :class:`PairRecallTask` -- associative recall with each key-value pair in *one* token:
+  a content task that one layer solves without any position information.
+* :func:`rope_attention_modules`, :func:`use_rope_base` -- find the RoPE attention modules
+  of a model and temporarily change their base (NTK-aware scaling, bloc97 2023, with
+  :func:`helpers.rope.ntk_scaled_base`).
+* :func:`interpolated_positions` -- the positions of position interpolation (Chen et al.
+  2023): :math:`m \mapsto m / s`, passed to ``model(tokens, positions=...)``.
+* :func:`accuracy_by_position` -- accuracy at each position of the sequence (where
+  extrapolation starts to fail).
+* :func:`steps_to_accuracy` -- the first evaluation step at which a training run reached a
+  target accuracy (from :attr:`helpers.train.TrainResult.history`).
+* :class:`ShiftLengthGrid`, :func:`shift_length_grid` -- accuracies of several models on a
+  grid of offsets x lengths, and one attention map per cell: what the notebook's explorer
+  shows (precomputed once, deterministically).
+
+Papers: Vaswani et al. 2017 (sinusoidal and learned embeddings, sec. 3.5, Table 3 row E);
+Su et al. 2021 (RoPE); Press et al. 2022 (ALiBi: extrapolation of sinusoidal and rotary);
+Kazemnejad et al. 2023 (NoPE); Chen et al. 2023 (position interpolation); bloc97 2023 and
+Peng et al. 2023 (NTK-aware scaling, YaRN).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterator, Mapping, Optional, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from .attention import MultiHeadAttention
+from .heads import attention_at_offset
+from .rope import _check_base
+from .tasks import IGNORE_INDEX, AssociativeRecallTask
+from .train import evaluate
+
+__all__ = [
+    "PairRecallTask",
+    "rope_attention_modules",
+    "use_rope_base",
+    "interpolated_positions",
+    "accuracy_by_position",
+    "steps_to_accuracy",
+    "ShiftLengthGrid",
+    "shift_length_grid",
+]
+
+Data = tuple[torch.Tensor, torch.Tensor]
+
+
+# ------------------------------------------------------------------------- task
+class PairRecallTask(AssociativeRecallTask):
+    r"""Associative recall with one token per key-value pair: a pure *content* task.
+
+    Full input ``p_1 .. p_m  q_1 .. q_r``: ``m`` pair tokens, each naming a key and its value
+    (keys distinct, drawn from ``num_keys``; values random from ``num_values``), then ``r``
+    query tokens, each naming one of the stored keys (distinct queries when ``r <= m``, else
+    drawn with replacement). The target at query :math:`q_j` is the value stored with that key.
+
+    Token ids: pair ``(key a, value b)`` is ``a * V + b``; query for key ``a`` is ``K V + a``;
+    answer ``b`` is ``K V + K + b`` (``K = num_keys``, ``V = num_values``), so
+    ``vocab_size = K V + K + V`` and ``seq_len = m + r``. Printed as ``a=b``, ``?a``, ``=b``.
+
+    The answer depends only on *which* tokens occurred, not on where: one attention layer
+    solves it by matching the query's key with the pair tokens' keys, with or without
+    positions. The draws are those of :class:`~helpers.tasks.AssociativeRecallTask` (same
+    arguments, same seed, same facts and questions), repacked: there key and value are
+    separate tokens, which needs the relation "next to" and two layers; here nothing
+    positional is required. Lengths beyond training come from more queries over the same
+    ``m`` pairs.
+    """
+
+    def __init__(self, num_keys: int = 8, num_values: int = 4, num_pairs: int = 6, num_queries: int = 10) -> None:
+        super().__init__(num_keys, num_values, num_pairs, num_queries)
+        self.name = "pair-recall"
+        self.vocab_size = num_keys * num_values + num_keys + num_values
+        self.seq_len = num_pairs + num_queries
+
+    def token_names(self) -> list[str]:
+        K, V = self.num_keys, self.num_values
+        return [f"{a}={b}" for a in range(K) for b in range(V)] + [f"?{a}" for a in range(K)] + [f"={b}" for b in range(V)]
+
+    def _generate(self, n, g):
+        K, V, m = self.num_keys, self.num_values, self.num_pairs
+        x, y = super()._generate(n, g)  # k_1 v_1 .. k_m v_m q_1 a_1 .. q_r (values and answers offset by K)
+        keys, values = x[:, 0 : 2 * m : 2], x[:, 1 : 2 * m : 2] - K
+        queries, answers = x[:, 2 * m :: 2], y[:, 2 * m :: 2] - K
+        inputs = torch.cat([keys * V + values, K * V + queries], dim=1)
+        targets = torch.full_like(inputs, IGNORE_INDEX)
+        targets[:, m:] = K * V + K + answers
+        return inputs, targets
+
+
+# ------------------------------------------------------------------------- RoPE knobs
+def rope_attention_modules(model: nn.Module) -> list[MultiHeadAttention]:
+    """Every :class:`~helpers.attention.MultiHeadAttention` of ``model`` that applies RoPE.
+
+    Raises:
+        TypeError: if ``model`` is not an ``nn.Module``.
+        ValueError: if it has no RoPE attention (e.g. ``TinyTransformer(pos="learned")``).
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    mods = [m for m in model.modules() if isinstance(m, MultiHeadAttention) and m.rope]
+    if not mods:
+        raise ValueError(
+            f"model has no RoPE attention (no MultiHeadAttention with rope=True); "
+            f"got {type(model).__name__} with pos={getattr(model, 'pos', '?')!r}"
+        )
+    return mods
+
+
+@contextlib.contextmanager
+def use_rope_base(model: nn.Module, base: float) -> Iterator[nn.Module]:
+    r"""Temporarily set the RoPE base of every attention layer of ``model`` to ``base``.
+
+    With ``base = ntk_scaled_base(10000, s, head_dim)`` this is NTK-aware scaling (bloc97
+    2023): :math:`\theta'_i = \theta_i s^{-2i/(d-2)}`. The previous bases are restored on
+    exit, also after an exception. Inside the ``with`` block the model can be evaluated
+    or fine-tuned (``helpers.train``) with the new base.
+
+    Example::
+
+        with use_rope_base(model, ntk_scaled_base(10000.0, 2.0, model.d_model // model.num_heads)):
+            loss, acc = evaluate(model, long_data)
+    """
+    base = _check_base(base)
+    mods = rope_attention_modules(model)
+    old = [m.rope_base for m in mods]
+    for m in mods:
+        m.rope_base = base
+    try:
+        yield model
+    finally:
+        for m, b in zip(mods, old):
+            m.rope_base = b
+
+
+def interpolated_positions(seq_len: int, scale: float) -> torch.Tensor:
+    r"""Position interpolation (Chen et al. 2023): positions :math:`m / s` for :math:`m = 0 .. L'-1`.
+
+    With :math:`s = L'/L` a sequence of length :math:`L'` is squeezed into the position
+    range :math:`[0, L)` the model was trained on (fractional positions; RoPE only).
+    ``model(tokens, positions=interpolated_positions(L2, L2 / L))`` gives the same
+    rotations as :func:`helpers.rope.apply_rope` with ``scale=s``.
+
+    Args:
+        seq_len: :math:`L'`, an int >= 1.
+        scale: :math:`s`, a number > 0 (1 gives ``0 .. L'-1``).
+
+    Returns:
+        float32 tensor ``(seq_len,)``.
+    """
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+        raise ValueError(f"seq_len must be an int >= 1, got {seq_len!r}")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a finite number > 0 (L'/L), got {scale!r}")
+    return torch.arange(seq_len, dtype=torch.float64).div(scale).to(torch.float32)
+
+
+# ------------------------------------------------------------------------- metrics
+@torch.no_grad()
+def accuracy_by_position(model: nn.Module, data: Data, **forward_kwargs) -> torch.Tensor:
+    r"""Accuracy at each position :math:`t` over the rows where :math:`t` is scored.
+
+    .. math:: \text{acc}_t = \frac{\#\{i: y_{i,t} \ne -100,\ \arg\max_v z_{i,t,v} = y_{i,t}\}}{\#\{i: y_{i,t} \ne -100\}}
+
+    Args:
+        model: maps ``(batch, seq)`` tokens to ``(batch, seq, vocab)`` logits.
+        data: ``(inputs, targets)``, long ``(batch, seq)``.
+        **forward_kwargs: passed to ``model(inputs, ...)`` (``offset``, ``positions``).
+
+    Returns:
+        float64 tensor ``(seq,)``; NaN where no row is scored. Eval mode is used and the
+        model's mode restored.
+    """
+    if (not isinstance(data, (tuple, list)) or len(data) != 2
+            or not all(isinstance(t, torch.Tensor) for t in data)):
+        raise TypeError(f"data must be a pair (inputs, targets) of tensors, got {type(data).__name__}")
+    x, y = data
+    if x.dim() != 2 or x.shape != y.shape:
+        raise ValueError(f"inputs and targets must both have shape (batch, seq), got {tuple(x.shape)} and {tuple(y.shape)}")
+    was_training = model.training
+    model.eval()
+    try:
+        pred = model(x, **forward_kwargs).argmax(-1)
+    finally:
+        model.train(was_training)
+    scored = y != IGNORE_INDEX
+    n = scored.sum(0).double()
+    correct = ((pred == y) & scored).sum(0).double()
+    return torch.where(n > 0, correct / n.clamp_min(1), torch.full_like(n, float("nan")))
+
+
+def steps_to_accuracy(history: Sequence[tuple[int, float, float]], target: float) -> Optional[int]:
+    """The first step in ``history`` (``(step, val_loss, val_acc)`` triples, as in
+    :attr:`helpers.train.TrainResult.history`) whose validation accuracy is >= ``target``;
+    ``None`` if never reached (the resolution is ``eval_every`` steps).
+    """
+    if isinstance(target, bool) or not isinstance(target, (int, float)) or not (0 <= target <= 1):
+        raise ValueError(f"target must be an accuracy in [0, 1], got {target!r}")
+    for entry in history:
+        if len(entry) != 3:
+            raise ValueError(f"history must hold (step, val_loss, val_acc) triples, got {entry!r}")
+        if entry[2] >= target:
+            return int(entry[0])
+    return None
+
+
+# ------------------------------------------------------------- the explorer's grid
+@dataclass
+class ShiftLengthGrid:
+    """Accuracies and attention maps of several trained models over offsets x lengths.
+
+    Attributes:
+        schemes: model group names (e.g. ``["none", "sinusoidal", "learned", "rope"]``).
+        offsets: the position offsets evaluated (ints).
+        lengths: the sequence lengths evaluated (ints).
+        accuracy: ``{scheme: (seeds, len(offsets), len(lengths))}`` numpy float64
+            (NaN where the model cannot run, e.g. a learned table too short).
+        maps: ``{scheme: (len(offsets), len(lengths), max_len, max_len)}`` numpy float32:
+            one head's attention weights on one example (the first model of the scheme),
+            NaN-padded to the longest length so every map has the same shape.
+        head: ``{scheme: head index}``: the head shown (the one attending most at offset
+            ``-lookback`` at offset 0, train length; head 0 if ``lookback`` is None).
+        tokens: ``{length: list of ints}``: the example shown at each length.
+    """
+
+    schemes: list[str]
+    offsets: list[int]
+    lengths: list[int]
+    accuracy: dict[str, np.ndarray]
+    maps: dict[str, np.ndarray]
+    head: dict[str, int]
+    tokens: dict[int, list[int]]
+
+    def mean_accuracy(self, scheme: str) -> np.ndarray:
+        """``(len(offsets), len(lengths))``: accuracy averaged over the models of ``scheme``."""
+        return self.accuracy[scheme].mean(0)
+
+
+@torch.no_grad()
+def shift_length_grid(
+    models: Mapping[str, Sequence[nn.Module]],
+    make_data: Callable[[int], Data],
+    offsets: Sequence[int],
+    lengths: Sequence[int],
+    lookback: Optional[int] = None,
+    example: int = 0,
+) -> ShiftLengthGrid:
+    """Evaluate every model at every (offset, length); keep one attention map per cell.
+
+    Args:
+        models: ``{scheme: [model_seed0, model_seed1, ...]}`` (single-layer maps are taken
+            from layer 0).
+        make_data: ``make_data(length) -> (inputs, targets)``, deterministic (the same
+            validation set for every model).
+        offsets: position offsets (``model(x, offset=o)``), ints >= 0.
+        lengths: sequence lengths, ints >= 1.
+        lookback: for a lookback task, the offset ``k`` used to pick the head to show.
+        example: the row of the data whose attention map is kept.
+
+    Returns:
+        :class:`ShiftLengthGrid`. A model that cannot run at some cell (``ValueError``:
+        a learned table shorter than ``offset + length``) gets NaN there and an all-NaN map.
+    """
+    if not isinstance(models, Mapping) or not models or not all(len(v) > 0 for v in models.values()):
+        raise ValueError("models must be a non-empty dict of scheme -> non-empty list of models")
+    offsets, lengths = [int(o) for o in offsets], [int(n) for n in lengths]
+    if not offsets or min(offsets) < 0:
+        raise ValueError(f"offsets must be a non-empty list of ints >= 0, got {offsets}")
+    if not lengths or min(lengths) < 1:
+        raise ValueError(f"lengths must be a non-empty list of ints >= 1, got {lengths}")
+    data = {n: make_data(n) for n in lengths}
+    for n, (x, _) in data.items():
+        if x.shape[1] != n:
+            raise ValueError(f"make_data({n}) must return sequences of length {n}, got shape {tuple(x.shape)}")
+    n_max = max(lengths)
+    acc, maps, heads = {}, {}, {}
+    for scheme, group in models.items():
+        a = np.full((len(group), len(offsets), len(lengths)), np.nan)
+        mp = np.full((len(offsets), len(lengths), n_max, n_max), np.nan, dtype=np.float32)
+        first = group[0]
+        first.eval()
+        h = 0
+        if lookback is not None:
+            first(data[lengths[0]][0][: example + 1])
+            h = int(attention_at_offset(torch.stack(first.attention_weights), lookback)[0].argmax())
+        heads[scheme] = h
+        for j, n in enumerate(lengths):
+            x = data[n][0]
+            for i, o in enumerate(offsets):
+                for s, model in enumerate(group):
+                    try:
+                        a[s, i, j] = evaluate(model, data[n], offset=o, need_weights=False)[1]
+                    except ValueError as err:
+                        if "max_len" not in str(err):
+                            raise
+                        continue
+                    if s == 0:
+                        model(x[example : example + 1], offset=o)
+                        mp[i, j, :n, :n] = model.attention_weights[0][0, h].numpy()
+        acc[scheme], maps[scheme] = a, mp
+    tokens = {n: data[n][0][example].tolist() for n in lengths}
+    return ShiftLengthGrid(list(models), offsets, lengths, acc, maps, heads, tokens)

@@ -1,0 +1,355 @@
+"""Tests of notebook 06's numerics: positional schemes of TinyTransformer, the RoPE stretching options
+of helpers.rope (position interpolation, NTK-aware base), and helpers.positional.
+
+References are independent of the code under test: the sinusoidal formula of Vaswani et al. written
+entry by entry with ``math``, RoPE written as complex multiplication with ``torch.polar``, and the
+NTK formula base * s^(d/(d-2)) written out.
+"""
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from helpers import IGNORE_INDEX, LookbackTask, TinyTransformer, evaluate, sinusoidal_encoding, train
+from helpers.positional import (
+    PairRecallTask,
+    ShiftLengthGrid,
+    accuracy_by_position,
+    interpolated_positions,
+    rope_attention_modules,
+    shift_length_grid,
+    steps_to_accuracy,
+    use_rope_base,
+)
+from helpers.rope import RotaryEmbedding, apply_rope, ntk_scaled_base, rope_frequencies
+
+F64 = torch.float64
+FAST = settings(max_examples=25, deadline=None)
+
+
+def _rope_reference(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
+    """Interleaved RoPE as complex multiplication z_i * exp(i m theta_i), theta_i = base^(-2i/d) (float64)."""
+    d = x.shape[-1]
+    theta = torch.tensor([base ** (-2 * i / d) for i in range(d // 2)], dtype=F64)
+    angle = positions.to(F64)[:, None] * theta
+    z = torch.complex(x[..., 0::2].to(F64), x[..., 1::2].to(F64)) * torch.polar(torch.ones_like(angle), angle)
+    return torch.stack([z.real, z.imag], dim=-1).flatten(-2)
+
+
+# ----------------------------------------------------------------- sinusoidal table
+@pytest.mark.parametrize("d", [2, 8, 32])
+def test_sinusoidal_table_matches_the_paper_formula(d):
+    pe = sinusoidal_encoding(50, d).double()
+    for pos in [0, 1, 7, 49]:
+        for i in range(d // 2):
+            w = 1 / 10000 ** (2 * i / d)
+            assert pe[pos, 2 * i].item() == pytest.approx(math.sin(pos * w), abs=1e-7)
+            assert pe[pos, 2 * i + 1].item() == pytest.approx(math.cos(pos * w), abs=1e-7)
+    # tensor positions (e.g. shifted) give the rows of the longer table
+    torch.testing.assert_close(sinusoidal_encoding(torch.arange(10, 20), d), sinusoidal_encoding(20, d)[10:])
+
+
+# ------------------------------------------------------------------- shift invariance
+@FAST
+@given(offset=st.integers(1, 100_000), layers=st.integers(1, 3), seed=st.integers(0, 50))
+def test_rope_only_model_is_exactly_shift_invariant(offset, layers, seed):
+    model = TinyTransformer(11, 16, 2, layers, max_len=8, pos="rope", seed=seed).double().eval()
+    x = torch.randint(0, 11, (3, 9), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        ref = model(x)
+        shifted = model(x, offset=offset)
+        explicit = model(x, positions=torch.arange(9) + offset)
+    torch.testing.assert_close(shifted, ref, atol=1e-9, rtol=0)
+    torch.testing.assert_close(explicit, ref, atol=1e-9, rtol=0)
+    # the attention weights too, layer by layer
+    model(x)
+    w0 = [w.clone() for w in model.attention_weights]
+    model(x, offset=offset)
+    for a, b in zip(w0, model.attention_weights):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+
+
+def test_nope_is_shift_invariant_and_additive_schemes_are_not():
+    x = torch.randint(0, 11, (4, 10), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        none = TinyTransformer(11, 16, 2, 2, max_len=64, pos="none", seed=0).eval()
+        assert torch.equal(none(x, offset=37), none(x))
+        for pos in ["sinusoidal", "learned"]:
+            m = TinyTransformer(11, 16, 2, 2, max_len=64, pos=pos, seed=0).eval()
+            assert (m(x, offset=5) - m(x)).abs().max() > 1e-2, pos
+
+
+def test_one_layer_nope_output_ignores_the_order_of_the_prefix():
+    # why NoPE cannot look back k steps with one layer (notebook 06, sec. 2)
+    model = TinyTransformer(8, 16, 2, 1, max_len=16, pos="none", seed=3).eval()
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, 8, (5, 12), generator=g)
+    y = x.clone()
+    y[:, :11] = x[:, torch.randperm(11, generator=g)]
+    with torch.no_grad():
+        torch.testing.assert_close(model(x)[:, 11], model(y)[:, 11], atol=1e-5, rtol=0)
+
+
+# ------------------------------------------------------------------- learned guard
+def test_learned_table_guards_its_length():
+    model = TinyTransformer(8, 16, 2, 1, max_len=16, pos="learned", seed=0)
+    model(torch.zeros(2, 16, dtype=torch.long))  # exactly max_len is fine
+    with pytest.raises(ValueError, match=r"max_len=16\); got positions in \[0, 16\] \(seq=17\)"):
+        model(torch.zeros(2, 17, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"max_len=16\); got positions in \[1, 16\]"):
+        model(torch.zeros(2, 16, dtype=torch.long), offset=1)
+    with pytest.raises(ValueError, match="needs integer positions"):
+        model(torch.zeros(1, 4, dtype=torch.long), positions=torch.tensor([0.0, 0.5, 1.0, 1.5]))
+    with pytest.raises(ValueError, match="max_len"):
+        evaluate(model, LookbackTask(seq_len=32).make(4, seed=0))
+    # other schemes run beyond max_len
+    for pos in ["none", "sinusoidal", "rope"]:
+        TinyTransformer(8, 16, 2, 1, max_len=16, pos=pos, seed=0)(torch.zeros(1, 40, dtype=torch.long))
+
+
+def test_untrained_rows_of_a_learned_table_stay_at_their_initialisation():
+    task = LookbackTask(num_symbols=8, seq_len=8, k=2)
+    model = TinyTransformer(8, 16, 2, 1, max_len=32, pos="learned", seed=0)
+    before = model.pos_emb.weight.detach().clone()
+    train(model, task, steps=5, n_train=64, n_val=0, seed=0)
+    assert torch.equal(model.pos_emb.weight[8:], before[8:])
+    assert not torch.equal(model.pos_emb.weight[:8], before[:8])
+
+
+# ------------------------------------------------------- RoPE stretching options
+@FAST
+@given(half=st.integers(2, 32), s=st.floats(1.01, 64.0), base=st.sampled_from([100.0, 10000.0, 500000.0]))
+def test_ntk_scaled_base_changes_theta_as_the_formula_says(half, s, base):
+    d = 2 * half
+    new_base = ntk_scaled_base(base, s, d)
+    assert new_base == pytest.approx(base * s ** (d / (d - 2)), rel=1e-12)
+    theta = rope_frequencies(d, base, dtype=F64)
+    theta_ntk = rope_frequencies(d, new_base, dtype=F64)
+    i = torch.arange(d // 2, dtype=F64)
+    torch.testing.assert_close(theta_ntk, theta * s ** (-2 * i / (d - 2)), rtol=1e-10, atol=0)
+    assert theta_ntk[0] == theta[0] == 1.0  # the fastest pair is unchanged
+    assert theta_ntk[-1].item() == pytest.approx(theta[-1].item() / s, rel=1e-10)  # the slowest is interpolated
+    assert ntk_scaled_base(base, 1.0, d) == base
+
+
+@FAST
+@given(s=st.floats(0.25, 16.0), seq=st.integers(1, 40), layout=st.sampled_from(["interleaved", "half"]))
+def test_position_interpolation_divides_every_angle(s, seq, layout):
+    x = torch.randn(2, 3, seq, 8, dtype=F64, generator=torch.Generator().manual_seed(seq))
+    out = apply_rope(x, scale=s, layout=layout)
+    torch.testing.assert_close(out, apply_rope(x, positions=torch.arange(seq, dtype=F64) / s, layout=layout))
+    if layout == "interleaved":
+        torch.testing.assert_close(out, _rope_reference(x, torch.arange(seq, dtype=F64) / s, 10000.0))
+    # with explicit positions: (p / s)
+    p = torch.arange(seq, dtype=F64) * 3 + 5
+    torch.testing.assert_close(apply_rope(x, p, scale=s, layout=layout), apply_rope(x, p / s, layout=layout))
+
+
+def test_ntk_option_of_apply_rope_and_float32():
+    x = torch.randn(1, 2, 20, 16, generator=torch.Generator().manual_seed(0))
+    out = apply_rope(x, ntk_scale=4.0)
+    ref = _rope_reference(x.double(), torch.arange(20), 10000.0 * 4.0 ** (16 / 14))
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=0)
+    # both options together
+    both = apply_rope(x.double(), scale=2.0, ntk_scale=3.0)
+    torch.testing.assert_close(both, _rope_reference(x.double(), torch.arange(20, dtype=F64) / 2.0, ntk_scaled_base(1e4, 3.0, 16)))
+
+
+def test_defaults_leave_apply_rope_unchanged():
+    x = torch.randn(2, 2, 12, 8, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(apply_rope(x, scale=1.0, ntk_scale=1.0), apply_rope(x))
+    assert torch.equal(apply_rope(x, torch.arange(12) + 3, scale=1.0), apply_rope(x, torch.arange(12) + 3))
+
+
+def test_rotary_embedding_options():
+    x = torch.randn(2, 3, 10, 16, dtype=F64, generator=torch.Generator().manual_seed(0))
+    pi = RotaryEmbedding(16, scale=2.5)
+    torch.testing.assert_close(pi(x), apply_rope(x, scale=2.5))
+    torch.testing.assert_close(pi(x, torch.arange(10) + 4), apply_rope(x, torch.arange(10) + 4, scale=2.5))
+    ntk = RotaryEmbedding(16, ntk_scale=2.0)
+    assert ntk.base == 10000.0 and ntk.rotary_base == pytest.approx(ntk_scaled_base(10000.0, 2.0, 16))
+    torch.testing.assert_close(ntk(x), apply_rope(x, ntk_scale=2.0))
+    torch.testing.assert_close(ntk(x, torch.arange(10) * 2), apply_rope(x, torch.arange(10) * 2, ntk_scale=2.0))
+    torch.testing.assert_close(ntk(x.float()).double(), apply_rope(x, ntk_scale=2.0), atol=1e-5, rtol=0)
+    assert "scale=2.5" in repr(pi) and "ntk_scale=2" in repr(ntk)
+    assert "scale" not in repr(RotaryEmbedding(16))
+
+
+@pytest.mark.parametrize("kwargs, exc, msg", [
+    (dict(scale=0.0), ValueError, r"scale must be a finite number > 0 \(1 = no scaling\), got 0.0"),
+    (dict(scale=-2.0), ValueError, "scale must be a finite number > 0"),
+    (dict(scale=float("nan")), ValueError, "scale must be a finite number > 0"),
+    (dict(scale="2"), TypeError, r"scale must be a number, got str \('2'\)"),
+    (dict(ntk_scale=0.0), ValueError, "ntk_scale must be a finite number > 0"),
+    (dict(ntk_scale=[2]), TypeError, "ntk_scale must be a number, got list"),
+])
+def test_stretching_options_are_validated(kwargs, exc, msg):
+    x = torch.randn(1, 4, 8)
+    with pytest.raises(exc, match=msg):
+        apply_rope(x, **kwargs)
+    with pytest.raises(exc, match=msg):
+        RotaryEmbedding(8, **kwargs)
+
+
+def test_ntk_scaled_base_errors():
+    with pytest.raises(ValueError, match="head_dim must be >= 4 for NTK scaling"):
+        ntk_scaled_base(10000.0, 2.0, 2)
+    with pytest.raises(ValueError, match="head_dim must be even"):
+        ntk_scaled_base(10000.0, 2.0, 7)
+    with pytest.raises(ValueError, match="base must be a finite number > 0"):
+        ntk_scaled_base(-1.0, 2.0, 8)
+    with pytest.raises(ValueError, match="scale must be a finite number > 0"):
+        ntk_scaled_base(10000.0, 0.0, 8)
+
+
+# ------------------------------------------------------------- helpers.positional
+def test_use_rope_base_sets_and_restores():
+    model = TinyTransformer(8, 16, 2, 2, max_len=16, pos="rope", seed=0).eval()
+    x = torch.randint(0, 8, (2, 12), generator=torch.Generator().manual_seed(0))
+    new = ntk_scaled_base(10000.0, 2.0, 8)
+    with torch.no_grad():
+        ref = model(x)
+        with use_rope_base(model, new):
+            assert all(m.rope_base == new for m in rope_attention_modules(model))
+            changed = model(x)
+        assert all(m.rope_base == 10000.0 for m in rope_attention_modules(model))
+        torch.testing.assert_close(model(x), ref)
+        assert (changed - ref).abs().max() > 1e-4
+        # the same as building the model with that base
+        other = copy.deepcopy(model)
+        for m in other.modules():
+            if hasattr(m, "rope_base"):
+                m.rope_base = new
+        torch.testing.assert_close(changed, other(x))
+    with pytest.raises(RuntimeError):
+        with use_rope_base(model, 5.0):
+            raise RuntimeError("boom")
+    assert all(m.rope_base == 10000.0 for m in rope_attention_modules(model))
+
+
+def test_rope_modules_errors():
+    with pytest.raises(ValueError, match=r"model has no RoPE attention .* pos='learned'"):
+        rope_attention_modules(TinyTransformer(8, 16, 2, 1, max_len=8, pos="learned"))
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module, got str"):
+        rope_attention_modules("model")
+    with pytest.raises(ValueError, match="base must be a finite number > 0"):
+        with use_rope_base(TinyTransformer(8, 16, 2, 1, max_len=8, pos="rope"), 0.0):
+            pass
+
+
+def test_interpolated_positions_match_the_scale_option():
+    p = interpolated_positions(32, 2.0)
+    assert p.dtype == torch.float32 and p.shape == (32,)
+    assert p[-1].item() == 15.5 and p.max() < 16
+    x = torch.randn(1, 2, 32, 8, dtype=F64, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(apply_rope(x, p.double()), apply_rope(x, scale=2.0))
+    with pytest.raises(ValueError, match="seq_len must be an int >= 1, got 0"):
+        interpolated_positions(0, 2.0)
+    with pytest.raises(ValueError, match=r"scale must be a finite number > 0 \(L'/L\), got -1"):
+        interpolated_positions(4, -1)
+
+
+def test_accuracy_by_position_against_a_loop():
+    model = TinyTransformer(8, 16, 2, 1, max_len=16, pos="rope", seed=0).eval()
+    x, y = LookbackTask(num_symbols=8, seq_len=10, k=2).make(40, seed=0)
+    acc = accuracy_by_position(model, (x, y))
+    pred = model(x).argmax(-1)
+    assert acc.shape == (10,) and torch.isnan(acc[:2]).all()
+    for t in range(2, 10):
+        assert acc[t].item() == pytest.approx((pred[:, t] == y[:, t]).double().mean().item())
+    # the mean over positions weighted by the scored counts is evaluate's accuracy (all rows scored equally here)
+    assert acc[2:].mean().item() == pytest.approx(evaluate(model, (x, y))[1])
+    # forward kwargs reach the model
+    torch.testing.assert_close(accuracy_by_position(model, (x, y), offset=7), acc, equal_nan=True)
+    with pytest.raises(TypeError, match="data must be a pair"):
+        accuracy_by_position(model, x)
+    with pytest.raises(ValueError, match="must both have shape"):
+        accuracy_by_position(model, (x, y[:, :5]))
+
+
+def test_steps_to_accuracy():
+    hist = [(10, 1.0, 0.5), (20, 0.5, 0.96), (30, 0.1, 1.0)]
+    assert steps_to_accuracy(hist, 0.95) == 20
+    assert steps_to_accuracy(hist, 1.0) == 30
+    assert steps_to_accuracy(hist, 0.0) == 10
+    assert steps_to_accuracy(hist[:1], 0.9) is None and steps_to_accuracy([], 0.5) is None
+    with pytest.raises(ValueError, match="target must be an accuracy in"):
+        steps_to_accuracy(hist, 1.5)
+    with pytest.raises(ValueError, match="triples"):
+        steps_to_accuracy([(1, 0.5)], 0.5)
+
+
+def test_shift_length_grid():
+    models = {"rope": [TinyTransformer(8, 16, 2, 1, max_len=64, pos="rope", seed=s).eval() for s in (0, 1)],
+              "short": [TinyTransformer(8, 16, 2, 1, max_len=12, pos="learned", seed=0).eval()]}
+    make = lambda n: LookbackTask(num_symbols=8, seq_len=n, k=2).make(16, seed=3)  # noqa: E731
+    g = shift_length_grid(models, make, offsets=[0, 5], lengths=[6, 12], lookback=2, example=1)
+    assert isinstance(g, ShiftLengthGrid) and g.schemes == ["rope", "short"]
+    assert g.accuracy["rope"].shape == (2, 2, 2) and g.maps["rope"].shape == (2, 2, 12, 12)
+    # each cell is evaluate() of that model
+    assert g.accuracy["rope"][1, 0, 1] == pytest.approx(evaluate(models["rope"][1], make(12))[1])
+    # RoPE: identical accuracy at both offsets; the map of the example row, NaN beyond its length
+    np.testing.assert_array_equal(g.accuracy["rope"][:, 0], g.accuracy["rope"][:, 1])
+    models["rope"][0](make(6)[0][1:2])
+    np.testing.assert_allclose(g.maps["rope"][0, 0, :6, :6], models["rope"][0].attention_weights[0][0, g.head["rope"]].numpy())
+    assert np.isnan(g.maps["rope"][0, 0, 6:]).all()
+    # the learned table of 12 rows: offset 5 with length 12 does not fit -> NaN, the rest is evaluated
+    assert np.isnan(g.accuracy["short"][0, 1, 1]) and np.isnan(g.maps["short"][1, 1]).all()
+    assert not np.isnan(g.accuracy["short"][0, 1, 0]) and not np.isnan(g.accuracy["short"][0, 0, 1])
+    assert g.tokens[6] == make(6)[0][1].tolist()
+    np.testing.assert_allclose(g.mean_accuracy("rope"), g.accuracy["rope"].mean(0))
+    with pytest.raises(ValueError, match="offsets must be a non-empty list of ints >= 0"):
+        shift_length_grid(models, make, [-1], [6])
+    with pytest.raises(ValueError, match="must return sequences of length 7"):
+        shift_length_grid(models, lambda n: make(6), [0], [7])
+    with pytest.raises(ValueError, match="models must be a non-empty dict"):
+        shift_length_grid({}, make, [0], [6])
+
+
+# ------------------------------------------------------------------ PairRecallTask
+def test_pair_recall_task_answers_are_the_stored_values():
+    task = PairRecallTask(num_keys=8, num_values=4, num_pairs=6, num_queries=10)
+    assert task.vocab_size == 8 * 4 + 8 + 4 and task.seq_len == 16
+    x, y = task.make(200, seed=0)
+    assert x.shape == y.shape == (200, 16)
+    K, V, m = 8, 4, 6
+    for row_x, row_y in zip(x.tolist(), y.tolist()):
+        pairs = row_x[:m]
+        store = {p // V: p % V for p in pairs}
+        assert len(store) == m and all(p < K * V for p in pairs)  # distinct keys
+        assert row_y[:m] == [IGNORE_INDEX] * m
+        for q, a in zip(row_x[m:], row_y[m:]):
+            assert K * V <= q < K * V + K and (q - K * V) in store
+            assert a == K * V + K + store[q - K * V]
+    # fewer queries than pairs: distinct queries
+    xq, _ = PairRecallTask(num_queries=4).make(50, seed=1)
+    assert all(len(set(r[6:])) == 4 for r in xq.tolist())
+    assert "=" in task.decode(x[0], y[0]) and "?" in task.decode(x[0], y[0])
+
+
+def test_pair_recall_errors():
+    with pytest.raises(ValueError, match="num_pairs must be <= num_keys"):
+        PairRecallTask(num_keys=4, num_pairs=5)
+    with pytest.raises(TypeError, match="num_queries must be an int"):
+        PairRecallTask(num_queries=2.0)
+    with pytest.raises(ValueError, match="num_values must be >= 2"):
+        PairRecallTask(num_values=1)
+
+
+def test_pair_recall_repacks_associative_recall():
+    # same arguments and seed: the same facts and questions as helpers.AssociativeRecallTask, one token per pair
+    from helpers import AssociativeRecallTask
+
+    xa, ya = AssociativeRecallTask(8, 4, 6, 10).make(20, seed=5)
+    xp, yp = PairRecallTask(8, 4, 6, 10).make(20, seed=5)
+    torch.testing.assert_close(xp[:, :6] // 4, xa[:, 0:12:2])          # keys
+    torch.testing.assert_close(xp[:, :6] % 4, xa[:, 1:12:2] - 8)       # values
+    torch.testing.assert_close(xp[:, 6:] - 32, xa[:, 12::2])           # queries
+    torch.testing.assert_close(yp[:, 6:] - 40, ya[:, 12::2] - 8)       # answers
