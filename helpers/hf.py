@@ -58,12 +58,23 @@ def mha_from_llama(layer: nn.Module, config) -> MultiHeadAttention:
     ``q_proj, k_proj, v_proj, o_proj`` map to ``linear_q, linear_k, linear_v, linear_out``;
     RoPE uses the half layout and ``config.rope_theta``; ``num_key_value_heads`` becomes
     ``num_kv_heads``. Biases are copied when the layer has them (``attention_bias=True``).
+
+    Only the default RoPE is supported: a config whose ``rope_type`` is anything else
+    (``"llama3"``, ``"linear"``, ``"yarn"`` ...) rescales frequencies or cos/sin, which
+    :class:`MultiHeadAttention` does not reproduce, so it raises ``ValueError`` instead of
+    returning a module that silently differs.
     """
     d_model, h = config.hidden_size, config.num_attention_heads
     kv = getattr(config, "num_key_value_heads", None) or h
     head_dim = getattr(config, "head_dim", None) or d_model // h
     if head_dim * h != d_model:
         raise ValueError(f"head_dim * num_attention_heads must equal hidden_size, got {head_dim} * {h} != {d_model}")
+    rope_type = _rope_type(config)
+    if rope_type != "default":
+        raise ValueError(
+            f"config rope_type must be 'default' (plain RoPE with rope_theta), got {rope_type!r}: "
+            "its frequency scaling is not reproduced by MultiHeadAttention"
+        )
     rope_theta = _rope_theta(config)
     bias = layer.q_proj.bias is not None
     mha = MultiHeadAttention(d_model, h, bias=bias, rope=True, rope_base=rope_theta, rope_layout="half", num_kv_heads=kv)
@@ -74,6 +85,11 @@ def mha_from_llama(layer: nn.Module, config) -> MultiHeadAttention:
             if bias:
                 ours.bias.copy_(theirs.bias)
     return mha.to(layer.q_proj.weight.dtype)
+
+
+def _rope_type(config) -> str:
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    return str(params.get("rope_type", params.get("type", "default")) or "default")
 
 
 def _rope_theta(config) -> float:
@@ -112,6 +128,12 @@ class LlamaForHeads(nn.Module):
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         cfg = model.config
+        impl = getattr(cfg, "_attn_implementation", None)
+        if impl != "eager":
+            raise ValueError(
+                f"model must use attn_implementation='eager' (got {impl!r}): fused kernels such as 'sdpa' "
+                "return no attention weights, so attention_weights would stay empty"
+            )
         self.model = model
         self.num_layers = cfg.num_hidden_layers
         self.num_heads = cfg.num_attention_heads

@@ -54,13 +54,13 @@ def test_converter_permutation_makes_layouts_interchangeable():
                                interleaved_to_half(W_q.view(heads, hd, d).transpose(1, 2)).transpose(1, 2))
 
 
-@pytest.mark.parametrize("heads, kv_heads", [(4, 4), (4, 2), (4, 1)])
-def test_llama_attention_equals_multi_head_attention(heads, kv_heads):
+@pytest.mark.parametrize("heads, kv_heads, theta", [(4, 4, 10000.0), (4, 2, 10000.0), (4, 1, 10000.0), (4, 2, 500000.0)])
+def test_llama_attention_equals_multi_head_attention(heads, kv_heads, theta):
     torch.manual_seed(0)
-    cfg = _config(heads, kv_heads)
+    cfg = _config(heads, kv_heads, theta=theta)
     layer = LlamaAttention(cfg, layer_idx=0).eval()
     ours = mha_from_llama(layer, cfg).eval()
-    assert ours.num_kv_heads == kv_heads and ours.linear_q.bias is None
+    assert ours.num_kv_heads == kv_heads and ours.linear_q.bias is None and ours.rope_base == theta
     g = torch.Generator().manual_seed(2)
     B, L = 2, 9
     x = torch.randn(B, L, 64, generator=g)
@@ -73,11 +73,48 @@ def test_llama_attention_equals_multi_head_attention(heads, kv_heads):
     torch.testing.assert_close(w, w_theirs, atol=1e-6, rtol=1e-5)
 
 
+def test_llama_causal_mask_equals_the_mask_hf_passes_to_attention():
+    """Capture the mask LlamaModel itself builds and hands to its eager attention layers."""
+    lm = _small_lm()
+    seen = {}
+
+    def grab(module, args, kwargs):
+        seen["mask"] = kwargs.get("attention_mask")
+
+    handle = lm.model.layers[0].self_attn.register_forward_pre_hook(grab, with_kwargs=True)
+    with torch.no_grad():
+        lm(input_ids=torch.randint(0, 16, (2, 6), generator=torch.Generator().manual_seed(3)))
+    handle.remove()
+    mask = seen["mask"]
+    assert mask is not None and mask.dtype == torch.float32
+    torch.testing.assert_close(mask.expand(2, 1, 6, 6), llama_causal_mask(2, 6), rtol=0, atol=0)
+
+
 def test_errors():
     with pytest.raises(ValueError, match=r"x must be \(batch, heads, seq, head_dim\)"):
         llama_rope(torch.randn(3, 4), torch.zeros(1, 3, dtype=torch.long), _config())
     with pytest.raises(ValueError, match="w.shape\\[0\\] must be divisible by num_heads, got 10 and 4"):
         hf_permute_for_rope(torch.randn(10, 8), 4)
+    llama3 = _config()
+    llama3.rope_parameters = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                              "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    with pytest.raises(ValueError, match="config rope_type must be 'default'.*got 'llama3'"):
+        mha_from_llama(LlamaAttention(_config(), layer_idx=0), llama3)
+    odd = _config()
+    odd.head_dim = 12
+    with pytest.raises(ValueError, match=r"head_dim \* num_attention_heads must equal hidden_size, got 12 \* 4 != 64"):
+        mha_from_llama(LlamaAttention(_config(), layer_idx=0), odd)
+
+
+def test_llama_for_heads_requires_eager_attention():
+    from transformers import LlamaForCausalLM
+
+    from helpers.hf import LlamaForHeads
+
+    cfg = LlamaConfig(vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                      num_key_value_heads=4, attn_implementation="sdpa")
+    with pytest.raises(ValueError, match="model must use attn_implementation='eager' \\(got 'sdpa'\\)"):
+        LlamaForHeads(LlamaForCausalLM(cfg))
 
 
 def _small_lm(heads=4):
