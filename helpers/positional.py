@@ -15,6 +15,9 @@ What is here:
 * :func:`rope_attention_modules`, :func:`use_rope_base` -- find the RoPE attention modules
   of a model and temporarily change their base (NTK-aware scaling, bloc97 2023, with
   :func:`helpers.rope.ntk_scaled_base`).
+* :func:`init_position_table_` -- re-draw a learned position table from
+  :math:`\mathcal N(0, \sigma^2)` with an explicit generator (GPT-2 uses :math:`\sigma = 0.02`;
+  ``nn.Embedding``'s default, which ``TinyTransformer`` keeps, is :math:`\sigma = 1`).
 * :func:`interpolated_positions` -- the positions of position interpolation (Chen et al.
   2023): :math:`m \mapsto m / s`, passed to ``model(tokens, positions=...)``.
 * :func:`accuracy_by_position` -- accuracy at each position of the sequence (where
@@ -51,6 +54,7 @@ __all__ = [
     "PairRecallTask",
     "rope_attention_modules",
     "use_rope_base",
+    "init_position_table_",
     "interpolated_positions",
     "accuracy_by_position",
     "steps_to_accuracy",
@@ -147,6 +151,43 @@ def use_rope_base(model: nn.Module, base: float) -> Iterator[nn.Module]:
     finally:
         for m, b in zip(mods, old):
             m.rope_base = b
+
+
+# ------------------------------------------------------------------------- learned table
+@torch.no_grad()
+def init_position_table_(model: nn.Module, std: float, generator: torch.Generator) -> nn.Module:
+    r"""Re-initialise the learned position table of ``model`` in place: :math:`P_{m,j} \sim \mathcal N(0, \sigma^2)`.
+
+    ``TinyTransformer(pos="learned")`` keeps ``nn.Embedding``'s default :math:`\sigma = 1`, so
+    every position vector starts as large as a token embedding; GPT-2 (Radford et al. 2019,
+    released code) draws its table with :math:`\sigma = 0.02`, near zero. Rows that are never
+    trained keep whatever is drawn here.
+
+    Args:
+        model: a module with a ``pos_emb`` ``nn.Embedding`` (``TinyTransformer(pos="learned")``);
+            its table ``(max_len, d_model)`` is overwritten (same device and dtype).
+        std: :math:`\sigma`, a finite number > 0.
+        generator: a ``torch.Generator`` on the table's device (the draw is reproducible).
+
+    Returns:
+        ``model`` (for chaining).
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    table = getattr(model, "pos_emb", None)
+    if not isinstance(table, nn.Embedding):
+        raise ValueError(
+            f"model has no learned position table (pos_emb must be an nn.Embedding); "
+            f"got pos={getattr(model, 'pos', '?')!r}"
+        )
+    if isinstance(std, bool) or not isinstance(std, (int, float)) or not (math.isfinite(std) and std > 0):
+        raise ValueError(f"std must be a finite number > 0, got {std!r}")
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    w = table.weight
+    draw = torch.randn(w.shape, generator=generator, dtype=torch.float32, device=generator.device)
+    w.copy_(draw.to(device=w.device, dtype=w.dtype) * std)
+    return model
 
 
 def interpolated_positions(seq_len: int, scale: float) -> torch.Tensor:

@@ -21,6 +21,7 @@ from helpers.positional import (
     PairRecallTask,
     ShiftLengthGrid,
     accuracy_by_position,
+    init_position_table_,
     interpolated_positions,
     rope_attention_modules,
     shift_length_grid,
@@ -353,3 +354,43 @@ def test_pair_recall_repacks_associative_recall():
     torch.testing.assert_close(xp[:, :6] % 4, xa[:, 1:12:2] - 8)       # values
     torch.testing.assert_close(xp[:, 6:] - 32, xa[:, 12::2])           # queries
     torch.testing.assert_close(yp[:, 6:] - 40, ya[:, 12::2] - 8)       # answers
+
+
+def test_init_position_table_draws_normal_rows_from_the_generator():
+    model = TinyTransformer(8, 16, 2, 1, max_len=2000, pos="learned", seed=0)
+    out = init_position_table_(model, 0.02, torch.Generator().manual_seed(3))
+    assert out is model
+    expected = torch.randn(2000, 16, generator=torch.Generator().manual_seed(3)) * 0.02
+    torch.testing.assert_close(model.pos_emb.weight.detach(), expected, atol=0, rtol=0)
+    # the sample looks like N(0, 0.02^2): 32000 entries
+    w = model.pos_emb.weight.detach().double()
+    assert abs(w.mean().item()) < 0.001 and abs(w.std().item() - 0.02) < 0.0005
+    # the same generator seed gives the same table; the rest of the model is untouched
+    other = TinyTransformer(8, 16, 2, 1, max_len=2000, pos="learned", seed=0)
+    init_position_table_(other, 0.02, torch.Generator().manual_seed(3))
+    for (name, p), (_, q) in zip(model.named_parameters(), other.named_parameters()):
+        assert torch.equal(p, q), name
+    fresh = TinyTransformer(8, 16, 2, 1, max_len=2000, pos="learned", seed=0)
+    assert torch.equal(model.tok_emb.weight, fresh.tok_emb.weight)
+    # float64 models get a float64 table
+    m64 = TinyTransformer(8, 16, 2, 1, max_len=32, pos="learned", seed=0).double()
+    init_position_table_(m64, 1.0, torch.Generator().manual_seed(0))
+    assert m64.pos_emb.weight.dtype == torch.float64
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, msg",
+    [
+        (dict(model="table"), TypeError, "model must be a torch.nn.Module"),
+        (dict(model=TinyTransformer(8, 16, 2, 1, max_len=8, pos="rope")), ValueError, "no learned position table.*'rope'"),
+        (dict(std=0.0), ValueError, r"std must be a finite number > 0, got 0.0"),
+        (dict(std=float("nan")), ValueError, "std must be a finite number > 0"),
+        (dict(std=True), ValueError, "std must be a finite number > 0"),
+        (dict(generator=0), TypeError, "generator must be a torch.Generator, got int"),
+    ],
+)
+def test_init_position_table_errors(kwargs, exc, msg):
+    args = dict(model=TinyTransformer(8, 16, 2, 1, max_len=8, pos="learned"), std=0.02, generator=torch.Generator())
+    args.update(kwargs)
+    with pytest.raises(exc, match=msg):
+        init_position_table_(args["model"], args["std"], args["generator"])

@@ -110,7 +110,7 @@ def shift_length_explorer(grid: ShiftLengthGrid, scheme: str = "rope", offset: i
     ax_c.set_xticklabels([str(o) for o in grid.offsets], fontsize=8)
     ax_c.set_xlim(-0.3, len(x) - 0.7)
     ax_c.set_ylim(0.0, 1.03)
-    ax_c.set_xlabel("position offset (first position of the sequence)")
+    ax_c.set_xlabel("position offset (first position; categories, not to scale)")
     ax_c.set_ylabel("validation accuracy (mean of seeds)")
     title_c = ax_c.set_title(" ", fontsize=9)
     leg = ax_c.legend(loc="lower left", fontsize=7, framealpha=0.9)
