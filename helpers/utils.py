@@ -1,7 +1,6 @@
 """Seeding and determinism shared by every notebook (the setup cell calls it)."""
 from __future__ import annotations
 
-import os
 import random
 
 import numpy as np
@@ -32,7 +31,6 @@ def seed_everything(seed: int = 0, num_threads: int = 1, deterministic: bool = T
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
     if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
         raise ValueError(f"num_threads must be an int >= 1, got {num_threads!r}")
-    os.environ["PYTHONHASHSEED"] = str(seed)  # for subprocesses; this process's is fixed at start
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
