@@ -1,0 +1,291 @@
+r"""Seed sweeps: run one experiment over many seeds and read the distribution, not one run.
+
+Introduced in ``notebooks/03_mha_from_scratch.ipynb`` (how long the plateau before the
+induction jump lasts, over seeds) and used by 04 (the regularization ablation), 05 and 06.
+
+Why: a tiny model's training is chaotic near a phase change. The same seed escapes a
+plateau tens of steps earlier or later on another CPU (AVX2 vs AVX-512 kernels sum in a
+different order), and another seed can land on the other side of a verdict. So a claim
+that rests on training is measured over seeds and stated as what the distribution shows
+("in 3 of 8 seeds", mean and spread), never from one run.
+
+:func:`sweep` calls ``fn(seed)`` once per seed. Before each call it runs
+:func:`helpers.seed_everything` ``(seed)`` (one torch thread, deterministic algorithms),
+so each seed's result is the same whether the seeds run one after another in this
+process or in parallel worker processes, in any order. Workers are forked processes
+(one torch thread each), so on a machine with *c* cores eight seeds cost about
+``8 / c`` runs of wall time. ``fn`` may be defined in a notebook: forked workers inherit
+it. Where the platform cannot fork (Windows; macOS is allowed to fork), the seeds run
+one after another in this process.
+
+``fn(seed)`` returns a number or a dict of numbers and sequences (curves). What a worker
+prints is captured (``SweepResult.logs``), not shown; an exception in any seed is
+re-raised as :class:`SweepError` naming the seed and carrying the worker's traceback.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import multiprocessing as mp
+import os
+import random
+import traceback
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
+
+import numpy as np
+import torch
+
+from .utils import seed_everything
+
+__all__ = ["SweepError", "SweepResult", "available_cores", "first_step_reaching", "sweep"]
+
+Number = Union[int, float]
+
+
+class SweepError(RuntimeError):
+    """An experiment raised for one seed; ``seed`` and ``worker_traceback`` say where."""
+
+    def __init__(self, seed: int, message: str, worker_traceback: str = ""):
+        super().__init__(f"seed {seed}: {message}")
+        self.seed = seed
+        self.worker_traceback = worker_traceback
+
+
+def available_cores() -> int:
+    """Cores this process may run on (``os.sched_getaffinity`` where it exists)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - macOS, Windows
+        return max(1, os.cpu_count() or 1)
+
+
+def first_step_reaching(history: Sequence[tuple], threshold: float, index: int = -1) -> float:
+    r"""The first step whose value reaches ``threshold``, or ``inf`` if none does.
+
+    Args:
+        history: rows ``(step, ..., value)`` as in :attr:`helpers.train.TrainResult.history`
+            (``(step, val_loss, val_acc)``); ``index`` picks the value column (default: last).
+        threshold: the level to reach (``value >= threshold``).
+
+    Returns:
+        The step as a float, or ``math.inf`` (so that means and comparisons still work).
+    """
+    for row in history:
+        if row[index] >= threshold:
+            return float(row[0])
+    return math.inf
+
+
+def _as_record(out: Any, seed: int) -> dict[str, Any]:
+    if isinstance(out, Mapping):
+        rec = dict(out)
+    elif isinstance(out, (int, float, np.floating, np.integer)) and not isinstance(out, bool):
+        rec = {"value": out}
+    elif isinstance(out, torch.Tensor) and out.numel() == 1:
+        rec = {"value": out.item()}
+    else:
+        raise SweepError(seed, f"fn must return a number or a dict of numbers/sequences, got {type(out).__name__}")
+    clean: dict[str, Any] = {}
+    for k, v in rec.items():
+        if not isinstance(k, str):
+            raise SweepError(seed, f"fn's result keys must be strings, got {k!r}")
+        if isinstance(v, torch.Tensor):
+            v = v.item() if v.numel() == 1 else v.detach().cpu().tolist()
+        elif isinstance(v, (np.floating, np.integer)):
+            v = v.item()
+        elif isinstance(v, np.ndarray):
+            v = v.tolist()
+        clean[k] = v
+    return clean
+
+
+def _run_one(fn: Callable[[int], Any], seed: int) -> tuple[int, Optional[dict], str, Optional[tuple[str, str]]]:
+    """Seed everything, call fn(seed) with its prints captured; never raises."""
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+            seed_everything(seed)
+            out = fn(seed)
+        return seed, _as_record(out, seed), buf.getvalue(), None
+    except SweepError as e:
+        return seed, None, buf.getvalue(), (str(e).split(": ", 1)[-1], traceback.format_exc())
+    except BaseException as e:  # noqa: BLE001 - reported with its seed, re-raised in the parent
+        return seed, None, buf.getvalue(), (f"{type(e).__name__}: {e}", traceback.format_exc())
+
+
+def _worker_init() -> None:
+    torch.set_num_threads(1)
+
+
+_FN: Optional[Callable[[int], Any]] = None  # set in the parent before forking; inherited by workers
+
+
+def _run_inherited(seed: int):
+    assert _FN is not None
+    return _run_one(_FN, seed)
+
+
+@dataclass
+class SweepResult:
+    """Per-seed results of :func:`sweep` and summaries of their distribution.
+
+    Attributes:
+        seeds: the seeds, in the order given.
+        runs: one dict per seed, what ``fn(seed)`` returned (numbers stay numbers,
+            tensors and arrays become lists).
+        logs: what each seed printed (captured, not shown).
+    """
+
+    seeds: tuple[int, ...]
+    runs: list[dict[str, Any]]
+    logs: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.seeds)
+
+    @property
+    def keys(self) -> list[str]:
+        """The result names ``fn`` returned (those of the first seed)."""
+        return list(self.runs[0]) if self.runs else []
+
+    def _check_key(self, key: str) -> None:
+        missing = [s for s, r in zip(self.seeds, self.runs) if key not in r]
+        if missing:
+            raise KeyError(f"key {key!r} is missing for seeds {missing}; keys are {self.keys}")
+
+    def values(self, key: str = "value") -> np.ndarray:
+        """``(n_seeds,)`` float array of one scalar result, in seed order."""
+        self._check_key(key)
+        vals = [r[key] for r in self.runs]
+        if any(isinstance(v, (list, tuple)) for v in vals):
+            raise TypeError(f"{key!r} holds sequences: use .curves({key!r})")
+        return np.asarray(vals, dtype=float)
+
+    def curves(self, key: str) -> np.ndarray:
+        """``(n_seeds, T)`` array of a sequence result (every seed must return the same length)."""
+        self._check_key(key)
+        lengths = {len(r[key]) for r in self.runs}
+        if len(lengths) != 1:
+            raise ValueError(f"{key!r} has different lengths across seeds: {sorted(lengths)}")
+        return np.asarray([r[key] for r in self.runs], dtype=float)
+
+    def by_seed(self, key: str = "value") -> dict[int, float]:
+        """``{seed: value}`` of one scalar result."""
+        return dict(zip(self.seeds, self.values(key).tolist()))
+
+    def mean(self, key: str = "value") -> float:
+        return float(np.mean(self.values(key)))
+
+    def std(self, key: str = "value") -> float:
+        """Sample standard deviation (``ddof=1``; 0 for a single seed)."""
+        v = self.values(key)
+        return float(np.std(v, ddof=1)) if len(v) > 1 else 0.0
+
+    def count(self, key: str, predicate: Callable[[float], bool]) -> int:
+        """How many seeds satisfy ``predicate(value)``."""
+        return int(sum(bool(predicate(v)) for v in self.values(key)))
+
+    def k_of_n(self, key: str, predicate: Callable[[float], bool]) -> str:
+        """``"k of n seeds"`` for ``predicate``."""
+        return f"{self.count(key, predicate)} of {len(self)} seeds"
+
+    def describe(self, key: str = "value", fmt: str = ".2f") -> str:
+        """``"mean ± sd (min .. max, n seeds)"``; infinite values are counted apart."""
+        v = self.values(key)
+        finite = v[np.isfinite(v)]
+        n_inf = len(v) - len(finite)
+        if len(finite) == 0:
+            return f"none finite ({len(v)} seeds)"
+        sd = float(np.std(finite, ddof=1)) if len(finite) > 1 else 0.0
+        text = (f"{np.mean(finite):{fmt}} ± {sd:{fmt}} (min {finite.min():{fmt}}, max {finite.max():{fmt}}, "
+                f"{len(finite)} seeds)")
+        if n_inf:
+            text += f"; {n_inf} of {len(v)} seeds never reached it"
+        return text
+
+    def table(self, keys: Optional[Sequence[str]] = None, fmt: str = ".3f") -> str:
+        """One line per seed with the chosen scalar results."""
+        keys = list(keys) if keys is not None else [k for k in self.keys
+                                                     if not isinstance(self.runs[0][k], (list, tuple))]
+        width = max([len(k) for k in keys] + [6])
+        lines = ["seed  " + "  ".join(f"{k:>{width}s}" for k in keys)]
+        for s, r in zip(self.seeds, self.runs):
+            lines.append(f"{s:4d}  " + "  ".join(f"{float(r[k]):>{width}{fmt}}" for k in keys))
+        return "\n".join(lines)
+
+
+def sweep(
+    fn: Callable[[int], Union[Number, Mapping[str, Any]]],
+    seeds: Iterable[int],
+    *,
+    workers: Optional[int] = None,
+) -> SweepResult:
+    r"""Run ``fn(seed)`` for every seed, in parallel worker processes where cores allow.
+
+    Each call is preceded by ``seed_everything(seed)`` (one torch thread, deterministic
+    algorithms), so a seed's result does not depend on ``workers`` or on the order of the
+    seeds. In this process (``workers=1``) the caller's random states (``random``,
+    NumPy, torch) are restored afterwards.
+
+    Args:
+        fn: ``fn(seed) -> number | dict[str, number | sequence]``. It may close over data
+            made in the notebook (forked workers inherit it).
+        seeds: distinct non-negative ints, at least one.
+        workers: processes to use; ``None``: ``min(len(seeds), available_cores())``;
+            ``1``: one after another in this process.
+
+    Returns:
+        :class:`SweepResult` with one record per seed, in the order of ``seeds``.
+
+    Raises:
+        ValueError: for bad ``seeds`` or ``workers``.
+        SweepError: when ``fn`` raised for a seed (the first such seed in ``seeds`` order).
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    seeds = tuple(seeds)
+    if not seeds:
+        raise ValueError("seeds must hold at least one seed, got none")
+    for s in seeds:
+        if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0:
+            raise ValueError(f"seeds must be non-negative ints, got {s!r}")
+    seeds = tuple(int(s) for s in seeds)
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be distinct, got {list(seeds)}")
+    if workers is None:
+        workers = min(len(seeds), available_cores())
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be an int >= 1 or None, got {workers!r}")
+    workers = min(workers, len(seeds))
+    if workers > 1 and "fork" not in mp.get_all_start_methods():
+        workers = 1
+
+    if workers == 1:
+        states = (random.getstate(), np.random.get_state(), torch.random.get_rng_state(), torch.get_num_threads())
+        try:
+            outs = [_run_one(fn, s) for s in seeds]
+        finally:
+            random.setstate(states[0])
+            np.random.set_state(states[1])
+            torch.random.set_rng_state(states[2])
+            torch.set_num_threads(states[3])
+    else:
+        global _FN
+        _FN = fn
+        try:
+            ctx = mp.get_context("fork")
+            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init) as pool:
+                outs = list(pool.map(_run_inherited, seeds))
+        finally:
+            _FN = None
+
+    runs, logs = [], []
+    for seed, rec, log, err in outs:
+        if err is not None:
+            raise SweepError(seed, err[0], err[1])
+        runs.append(rec)
+        logs.append(log)
+    return SweepResult(seeds=seeds, runs=runs, logs=logs)
