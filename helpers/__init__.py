@@ -16,8 +16,10 @@ Modules
 * :mod:`helpers.hf` -- bridges to Hugging Face ``transformers`` (notebook 07; imports it lazily).
 * :mod:`helpers.viz` -- figures and slider explorers (no numerics of its own).
 * :mod:`helpers.utils` -- seeding and determinism.
+* :mod:`helpers.sweep` -- run an experiment over seeds and summarise the distribution (notebooks 03-06).
 """
 from .utils import seed_everything
+from .sweep import SweepError, SweepResult, first_step_reaching, sweep
 from .rope import (
     RotaryEmbedding,
     apply_rope,
@@ -66,6 +68,8 @@ from .heads import (
 
 __all__ = [
     "seed_everything",
+    # sweep
+    "SweepError", "SweepResult", "first_step_reaching", "sweep",
     # rope
     "RotaryEmbedding", "apply_rope", "apply_rope_complex", "apply_rope_matrix", "half_to_interleaved",
     "interleaved_to_half", "interleaved_to_half_index", "ntk_scaled_base", "rope_angles", "rope_frequencies", "rotation_matrix",

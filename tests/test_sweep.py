@@ -102,3 +102,25 @@ def test_curves_and_first_step_reaching():
     assert first_step_reaching(hist, 0.5) == 50
     assert first_step_reaching(hist, 0.999) == math.inf
     assert first_step_reaching(hist, 1.0, index=1) == 25
+
+
+def test_sweep_figures_draw_every_seed():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from helpers.viz import plot_sweep_curves, plot_sweep_points
+
+    fig, (a1, a2) = plt.subplots(1, 2)
+    plot_sweep_points(a1, {"none": [0.3, 0.4, 1.0], "dropout": [1.0, 0.35, 1.0]}, ylabel="val acc",
+                      hlines={"chance": 0.34})
+    assert sum(len(c.get_offsets()) for c in a1.collections if hasattr(c, "get_offsets")) >= 6
+    assert [t.get_text() for t in a1.get_xticklabels()] == ["none", "dropout"]
+    res = SweepResult(seeds=(0, 1), runs=[{"c": [0.1, 0.5, 1.0]}, {"c": [0.2, 0.3, 0.9]}])
+    plot_sweep_curves(a2, res, "c", [25, 50, 75], label="acc")
+    assert len(a2.lines) == 3                                     # two seeds and the mean
+    np.testing.assert_allclose(a2.lines[-1].get_ydata(), [0.15, 0.4, 0.95])
+    with pytest.raises(ValueError, match="steps has 2 values"):
+        plot_sweep_curves(a2, res, "c", [1, 2], label="x")
+    with pytest.raises(ValueError, match="at least one arm"):
+        plot_sweep_points(a1, {}, ylabel="y")
+    plt.close(fig)

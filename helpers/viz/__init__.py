@@ -13,6 +13,7 @@ One module per notebook:
 * :mod:`helpers.viz.heads` -- notebook 05: pruning and head explorers.
 * :mod:`helpers.viz.positional` -- notebook 06: shift/length explorer over precomputed results.
 * :mod:`helpers.viz.regularization` -- notebook 04: label-smoothing and dropout explorers.
+* :mod:`helpers.viz.sweep` -- notebooks 03-06: seed sweeps (a dot or a thin curve per seed, the mean on top).
 """
 from .explorer import FIGSIZE, Explorer
 from .rope import long_term_decay, rope_explorer, rope_explorer_state
@@ -21,6 +22,7 @@ from .attention import attention_explorer, attention_explorer_state, attention_g
 from .heads import head_explorer, head_explorer_state, prune_explorer, prune_explorer_state
 from .positional import shift_length_explorer, shift_length_state
 from .regularization import dropout_explorer, dropout_state, label_smoothing_explorer, label_smoothing_state
+from .sweep import plot_sweep_curves, plot_sweep_points
 
 __all__ = [
     "FIGSIZE", "Explorer",
@@ -30,4 +32,5 @@ __all__ = [
     "head_explorer", "head_explorer_state", "prune_explorer", "prune_explorer_state",
     "shift_length_explorer", "shift_length_state",
     "dropout_explorer", "dropout_state", "label_smoothing_explorer", "label_smoothing_state",
+    "plot_sweep_curves", "plot_sweep_points",
 ]
