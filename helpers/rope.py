@@ -116,9 +116,18 @@ def _angle_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _positions_tensor(
-    positions: PositionsLike, seq: int, device: torch.device, dtype: torch.dtype
+    positions: PositionsLike,
+    seq: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    x_shape: Optional[Sequence[int]] = None,
 ) -> torch.Tensor:
-    """Positions as a tensor of ``dtype`` whose last dimension has length ``seq``."""
+    """Positions as a tensor of ``dtype`` whose last dimension has length ``seq``.
+
+    With ``x_shape`` (the shape of the rotated tensor) the positions are also aligned
+    with ``x_shape[:-1]`` by :func:`_align_positions` (Hugging Face's convention for
+    ``(batch, seq)`` positions on ``(batch, heads, seq, head_dim)`` input).
+    """
     if positions is None:
         return torch.arange(seq, device=device, dtype=dtype)
     if isinstance(positions, torch.Tensor):
@@ -132,6 +141,45 @@ def _positions_tensor(
         )
     if not torch.isfinite(pos).all():
         raise ValueError("positions must be finite")
+    if x_shape is not None:
+        pos = _align_positions(pos, tuple(x_shape))
+    return pos
+
+
+def _align_positions(pos: torch.Tensor, x_shape: tuple) -> torch.Tensor:
+    """Give ``pos`` (last dimension ``seq``) a shape that broadcasts to ``x_shape[:-1]``.
+
+    * ``(seq,)``: the same positions for every row of ``x``.
+    * ``(batch, seq)`` on ``x`` with 3 or more leading dimensions, e.g.
+      ``(batch, heads, seq, head_dim)``: batch ``b`` uses ``pos[b]`` for all its heads
+      (Hugging Face's convention: ``apply_rotary_pos_emb(..., unsqueeze_dim=1)`` turns
+      ``(batch, seq, dim)`` cos/sin into ``(batch, 1, seq, dim)``). Plain right-aligned
+      broadcasting would instead pair ``pos[b]`` with *head* ``b``.
+    * as many dimensions as ``x_shape[:-1]`` (e.g. ``(batch, 1, seq)``): broadcast as is.
+
+    Anything else (more dimensions than ``x_shape[:-1]``, or between 2 and
+    ``len(x_shape) - 1`` exclusive) is ambiguous and raises ``ValueError``, as does a
+    shape that does not broadcast to ``x_shape[:-1]``.
+    """
+    lead = x_shape[:-1]  # (..., seq)
+    given = tuple(pos.shape)
+    if pos.dim() == 2 and len(lead) > 2:
+        pos = pos.reshape(pos.shape[0], *([1] * (len(lead) - 2)), pos.shape[1])  # (batch, 1.., seq)
+    elif pos.dim() not in (1, 2, len(lead)):
+        raise ValueError(
+            f"positions must have shape (seq,), (batch, seq) or {len(lead)} dimensions like x.shape[:-1] = "
+            f"{tuple(lead)}, got shape {tuple(pos.shape)}"
+        )
+    try:
+        ok = torch.broadcast_shapes(tuple(pos.shape), tuple(lead)) == tuple(lead)
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"positions of shape {given} do not match x of shape {tuple(x_shape)}: "
+            f"(batch, seq) positions need batch = x.shape[0] = {x_shape[0]} (or 1), and positions "
+            f"with the dimensions of x.shape[:-1] must broadcast to {tuple(lead)}"
+        )
     return pos
 
 
@@ -293,10 +341,12 @@ def apply_rope_matrix(
 
 # --------------------------------------------------------------- element-wise forms
 def _cos_sin(
-    seq: int, head_dim: int, base: float, positions: PositionsLike, device, adt: torch.dtype
+    seq: int, head_dim: int, base: float, positions: PositionsLike, device, adt: torch.dtype,
+    x_shape: Optional[Sequence[int]] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the angles, ``(..., seq, head_dim // 2)``, in the angle dtype."""
-    pos = _positions_tensor(positions, seq, device, adt)
+    """cos and sin of the angles, ``(..., seq, head_dim // 2)``, in the angle dtype
+    (positions aligned with ``x_shape[:-1]`` when it is given, see :func:`_align_positions`)."""
+    pos = _positions_tensor(positions, seq, device, adt, x_shape)
     angle = pos[..., None] * rope_frequencies(head_dim, base, dtype=adt, device=device)
     return torch.cos(angle), torch.sin(angle)
 
@@ -399,9 +449,21 @@ def apply_rope(
 
     Args:
         x: ``(..., seq, head_dim)``, e.g. ``(batch, heads, seq, head_dim)``.
-        positions: ``None`` (``0 .. seq-1``), or positions of shape ``(seq,)`` or any
-            shape broadcastable to ``x.shape[:-1]`` whose last dimension is ``seq``
-            (integers, or floats for interpolated positions).
+        positions: ``None`` (``0 .. seq-1``), or positions (integers, or floats for
+            interpolated positions) of shape
+
+            * ``(seq,)``: the same positions for every row;
+            * ``(batch, seq)``: one row of positions per example. On input with three or
+              more leading dimensions, e.g. ``(batch, heads, seq, head_dim)``, it follows
+              Hugging Face's convention (``apply_rotary_pos_emb(..., unsqueeze_dim=1)``):
+              example ``b`` uses ``positions[b]`` for all of its heads, as if it were
+              ``positions[:, None, :]``. (Right-aligned broadcasting would pair
+              ``positions[b]`` with head ``b``: a silent error when batch == heads.)
+              ``batch`` must equal ``x.shape[0]`` (or be 1);
+            * as many dimensions as ``x.shape[:-1]``, broadcastable to it, e.g.
+              ``(batch, 1, seq)``.
+
+            Other shapes raise ``ValueError``.
         base: frequency base, > 0.
         layout: ``"interleaved"`` or ``"half"``.
         scale: position interpolation (Chen et al. 2023): every position is divided by
@@ -421,11 +483,11 @@ def apply_rope(
     if ntk_scale != 1.0:
         base = ntk_scaled_base(base, _check_scale(ntk_scale, "ntk_scale"), d)  # NTK-aware: base' = base * s^(d/(d-2))
     if scale != 1.0:
-        positions = _positions_tensor(positions, seq, x.device, adt) / _check_scale(scale, "scale")  # PI: m -> m/s
+        positions = _positions_tensor(positions, seq, x.device, adt, x.shape) / _check_scale(scale, "scale")  # PI: m -> m/s
     if positions is None:
         cos, sin, rot = _cached_tables(seq, d, base, str(x.device), adt)
     else:
-        cos, sin = _cos_sin(seq, d, base, positions, x.device, adt)
+        cos, sin = _cos_sin(seq, d, base, positions, x.device, adt, x.shape)
         rot = None
     if layout == "interleaved" and _complex_viewable(x):
         if rot is None:
@@ -443,13 +505,15 @@ def apply_rope_complex(
     rotating it by :math:`m\theta_i` is :math:`z_i e^{i m\theta_i}`
     (``torch.polar(1, angle)``). Computed in complex64 (complex128 for float64 input).
 
-    Args / Returns: as :func:`apply_rope` with ``layout="interleaved"``.
+    Args / Returns: as :func:`apply_rope` with ``layout="interleaved"`` (the same
+    ``positions`` shapes: ``(batch, seq)`` positions on ``(batch, heads, seq, head_dim)``
+    input are per example, Hugging Face's convention).
     """
     _check_x(x)
     base = _check_base(base)
     adt = _angle_dtype(x.dtype)
     seq, d = x.shape[-2], x.shape[-1]
-    pos = _positions_tensor(positions, seq, x.device, adt)
+    pos = _positions_tensor(positions, seq, x.device, adt, x.shape)
     angle = pos[..., None] * rope_frequencies(d, base, dtype=adt, device=x.device)
     rot = torch.polar(torch.ones_like(angle), angle)  # e^{i m theta_i}
     z = torch.view_as_complex(x.to(adt).reshape(*x.shape[:-1], d // 2, 2).contiguous())
@@ -486,6 +550,23 @@ def half_to_interleaved(x: torch.Tensor) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------- module
+def _device_key(device) -> torch.device:
+    """``device`` as the ``torch.device`` a tensor created there reports (the cache key).
+
+    ``torch.device("cuda")`` has no index, but a tensor made with it lives on
+    ``cuda:<current device>``: an index-less accelerator device gets the index of its
+    current device, so both spellings find the same cache entry. ``None`` means the CPU.
+    """
+    d = torch.device(device) if device is not None else torch.device("cpu")
+    if d.index is None and d.type not in ("cpu", "meta"):
+        backend = getattr(torch, d.type, None)
+        try:
+            d = torch.device(d.type, backend.current_device())
+        except Exception:  # backend not built or no device: keep the index-less key (nothing is cached there)
+            pass
+    return d
+
+
 class RotaryEmbedding(torch.nn.Module):
     r"""RoPE with a cached cos/sin table, as production code bases do.
 
@@ -493,8 +574,14 @@ class RotaryEmbedding(torch.nn.Module):
     The cache holds cos/sin for positions ``0 .. n-1`` in the angle dtype (float32, or
     float64 after ``.double()``-style use with float64 input); it grows (doubling) when a
     longer sequence or a larger integer position arrives, so it never fails on length.
-    It follows the input's device. Non-integer positions (e.g. interpolated) are
-    computed directly instead of being looked up.
+    It follows the input's device; the cache is keyed by the device with its index
+    (``"cuda"`` means the current CUDA device, ``cuda:0`` usually), so
+    ``cache_len(device="cuda")`` and ``cache_len(device="cuda:0")`` agree.
+    Non-integer positions (e.g. interpolated) are computed directly instead of being
+    looked up. ``positions`` takes the shapes of :func:`apply_rope`: ``(seq,)``,
+    ``(batch, seq)`` (Hugging Face's convention: on ``(batch, heads, seq, head_dim)``
+    input example ``b`` uses ``positions[b]`` for all heads), or the dimensions of
+    ``x.shape[:-1]``.
 
     Args:
         head_dim: even, >= 2.
@@ -541,14 +628,14 @@ class RotaryEmbedding(torch.nn.Module):
 
     def cache_len(self, device=None, dtype: torch.dtype = torch.float32) -> int:
         """Number of cached positions for this device and angle dtype (0 if none)."""
-        key = (torch.device(device) if device is not None else torch.device("cpu"), _angle_dtype(dtype))
+        key = (_device_key(device), _angle_dtype(dtype))
         entry = self._cache.get(key)
         return 0 if entry is None else entry[0].shape[0]
 
     def cos_sin(self, n: int, device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin for positions ``0 .. n-1``, ``(n, head_dim // 2)``, in ``dtype``."""
         adt = _angle_dtype(dtype)
-        key = (torch.device(device), adt)
+        key = (_device_key(device), adt)
         entry = self._cache.get(key)
         if entry is None or entry[0].shape[0] < n:
             size = max(n, self._initial, 2 * (entry[0].shape[0] if entry is not None else 0))
@@ -561,7 +648,7 @@ class RotaryEmbedding(torch.nn.Module):
     def _complex_table(self, n: int, device, adt: torch.dtype) -> torch.Tensor:
         """``cos + i sin`` for positions ``0 .. n-1`` (``(n, head_dim // 2)``), cached beside cos/sin."""
         self.cos_sin(n, device, adt)  # grows the cos/sin cache if needed
-        key = (torch.device(device), adt)
+        key = (_device_key(device), adt)
         cos, sin = self._cache[key]
         rot = self._complex_cache.get(key)
         if rot is None or rot.shape[0] != cos.shape[0]:
@@ -577,14 +664,14 @@ class RotaryEmbedding(torch.nn.Module):
             )
         seq = x.shape[-2]
         if self.scale != 1.0:  # position interpolation: m -> m / s (then computed directly)
-            positions = _positions_tensor(positions, seq, x.device, _angle_dtype(x.dtype)) / self.scale
+            positions = _positions_tensor(positions, seq, x.device, _angle_dtype(x.dtype), x.shape) / self.scale
         if positions is None:
             if self.layout == "interleaved" and _complex_viewable(x):  # float32/float64: one pass
                 return _rotate_complex(x, self._complex_table(seq, x.device, x.dtype))
             cos, sin = self.cos_sin(seq, x.device, x.dtype)
             return _rotate(x, cos, sin, self.layout)
         adt = _angle_dtype(x.dtype)
-        pos = _positions_tensor(positions, seq, x.device, adt)
+        pos = _positions_tensor(positions, seq, x.device, adt, x.shape)
         is_int = bool((pos == pos.round()).all()) and bool((pos >= 0).all())
         if is_int:
             n = int(pos.max().item()) + 1 if pos.numel() else 0

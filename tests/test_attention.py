@@ -296,6 +296,41 @@ def test_rope_per_head_and_shift_invariance():
         assert not torch.allclose(squeezed, out, atol=1e-4)
 
 
+@pytest.mark.parametrize("num_kv_heads", [None, 1])
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_rope_batch_seq_positions_are_per_example(num_kv_heads, layout):
+    """(batch, seq) positions: example b uses row b in every head (batch == heads here, the
+    case where broadcasting row b onto head b would go unnoticed by shapes). Scrambled,
+    non-arithmetic positions, so shift invariance cannot hide a wrong pairing."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 2, rope=True, rope_layout=layout, num_kv_heads=num_kv_heads).eval().double()
+    x = _randn(2, 5, 16, dtype=torch.float64)
+    mem = _randn(2, 7, 16, seed=1, dtype=torch.float64)
+    pos = torch.tensor([[3, 0, 9, 1, 4], [20, 2, 2, 7, 13]])
+    kpos = torch.tensor([[0, 5, 1, 8, 2, 2, 6], [11, 3, 0, 4, 9, 1, 30]])
+    with torch.no_grad():
+        out, w = mha(x, positions=pos)
+        rows = [mha(x[b : b + 1], positions=pos[b]) for b in range(2)]
+        torch.testing.assert_close(out, torch.cat([r[0] for r in rows]), rtol=0, atol=1e-12)
+        torch.testing.assert_close(w, torch.cat([r[1] for r in rows]), rtol=0, atol=1e-12)
+        # independent reference: the dense R_m of each example's own positions on its split heads
+        perm = (lambda t: t) if layout == "interleaved" else (lambda t: t[..., interleaved_to_half_index(8)])
+        inv = (lambda t: t) if layout == "interleaved" else (lambda t: t[..., torch.argsort(interleaved_to_half_index(8))])
+        from helpers.rope import apply_rope_matrix
+        q = mha.split_heads(mha.linear_q(x))
+        k = mha.repeat_kv(mha.linear_k(x).view(2, 5, mha.num_kv_heads, 8).transpose(1, 2))
+        q = torch.stack([perm(apply_rope_matrix(inv(q[b]), pos[b])) for b in range(2)])
+        k = torch.stack([perm(apply_rope_matrix(inv(k[b]), pos[b])) for b in range(2)])
+        _, w_ref = scaled_dot_product_attention(q, k, k)
+        torch.testing.assert_close(w, w_ref, rtol=0, atol=1e-12)
+        assert (w - mha(x, positions=pos[0])[1]).abs().max() > 1e-3  # the positions matter
+        # cross-attention with (batch, seq_k) key positions
+        cross, cw = mha(x, mem, positions=pos, key_positions=kpos)
+        rows = [mha(x[b : b + 1], mem[b : b + 1], positions=pos[b], key_positions=kpos[b]) for b in range(2)]
+        torch.testing.assert_close(cross, torch.cat([r[0] for r in rows]), rtol=0, atol=1e-12)
+        torch.testing.assert_close(cw, torch.cat([r[1] for r in rows]), rtol=0, atol=1e-12)
+
+
 def test_rope_half_layout_equals_interleaved_with_permuted_weights():
     """The Llama conversion of notebook 07: half layout = interleaved layout after permuting W^Q, W^K rows per head."""
     torch.manual_seed(0)

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers.model import POSITIONAL_ENCODINGS, TinyTransformer, sinusoidal_encoding
+from helpers.model import POSITIONAL_ENCODINGS, TinyTransformer, alibi_bias, alibi_slopes, sinusoidal_encoding
 
 SETTINGS = settings(max_examples=20, deadline=None)
 V, D, H, L, MAXLEN = 11, 16, 2, 2, 12
@@ -77,6 +77,20 @@ def test_offset_shift_invariance(pos, invariant):
     assert torch.allclose(shifted, base, atol=1e-4) == invariant
 
 
+@pytest.mark.parametrize("pos", ["rope", "sinusoidal", "learned"])
+def test_batch_seq_positions_are_per_example(pos):
+    """(batch, seq) positions: example b is encoded with row b in every layer and head.
+    batch == num_heads (= 2) and scrambled positions, so a wrong pairing cannot hide."""
+    model = _model(pos).double()
+    x = _tokens(2, 6, seed=3)
+    positions = torch.tensor([[4, 0, 9, 1, 7, 2], [11, 3, 3, 0, 8, 5]])
+    with torch.no_grad():
+        out = model(x, positions=positions)
+        ref = torch.cat([model(x[b : b + 1], positions=positions[b]) for b in range(2)])
+        torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+        assert (out - model(x, positions=positions[0])).abs().max() > 1e-3
+
+
 @pytest.mark.parametrize("pos", ["none", "sinusoidal", "rope"])
 def test_beyond_max_len_works(pos):
     logits = _model(pos)(_tokens(2, 2 * MAXLEN))
@@ -139,8 +153,8 @@ def test_residual_dropout():
 
 
 def test_model_errors():
-    with pytest.raises(ValueError, match=r"pos must be one of \('none', 'sinusoidal', 'learned', 'rope'\), got 'alibi'"):
-        TinyTransformer(V, D, H, L, MAXLEN, pos="alibi")
+    with pytest.raises(ValueError, match=r"pos must be one of \('none', 'sinusoidal', 'learned', 'rope', 'alibi'\), got 'xpos'"):
+        TinyTransformer(V, D, H, L, MAXLEN, pos="xpos")
     with pytest.raises(ValueError, match=r"pos='sinusoidal' needs an even d_model, got 15"):
         TinyTransformer(V, 15, 3, L, MAXLEN, pos="sinusoidal")
     with pytest.raises(ValueError, match=r"d_model must be divisible by num_heads, got d_model=16, num_heads=3"):
@@ -169,3 +183,87 @@ def test_float64_model(pos):
     model = _model(pos).double()
     logits = model(_tokens(), offset=2 if pos != "learned" else 0)
     assert logits.dtype == torch.float64 and model.attention_weights[0].dtype == torch.float64
+
+
+# ---------------------------------------------------------------- ALiBi (Press et al. 2022)
+def _authors_get_slopes(n):
+    # get_slopes of ofirpress/attention_with_linear_biases (fairseq/models/transformer.py), restated
+    def power_of_2(n):
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        return [start * start**i for i in range(n)]
+
+    if math.log2(n).is_integer():
+        return power_of_2(n)
+    p = 2 ** math.floor(math.log2(n))
+    return power_of_2(p) + _authors_get_slopes(2 * p)[0::2][: n - p]
+
+
+@pytest.mark.parametrize("n", list(range(1, 33)))
+def test_alibi_slopes_match_the_authors_rule(n):
+    torch.testing.assert_close(alibi_slopes(n), torch.tensor(_authors_get_slopes(n), dtype=torch.float64),
+                               rtol=1e-12, atol=0)
+
+
+def test_alibi_slopes_values():
+    # the paper (sec. 3): 8 heads -> 1/2, 1/4, ..., 1/256
+    torch.testing.assert_close(alibi_slopes(8), torch.tensor([2.0 ** -k for k in range(1, 9)], dtype=torch.float64))
+    torch.testing.assert_close(alibi_slopes(2), torch.tensor([2.0 ** -4, 2.0 ** -8], dtype=torch.float64))
+    # 6 heads: the 4 of 4 heads, then slopes 1 and 3 of 8 heads
+    torch.testing.assert_close(alibi_slopes(6), torch.tensor([2.0 ** -2, 2.0 ** -4, 2.0 ** -6, 2.0 ** -8, 2.0 ** -1, 2.0 ** -3],
+                                                             dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"num_heads must be >= 1, got 0"):
+        alibi_slopes(0)
+
+
+def test_alibi_bias_shape_values_and_causality():
+    slopes = torch.tensor([0.5, 0.25], dtype=torch.float64)
+    b = alibi_bias(torch.arange(5), slopes)
+    assert b.shape == (2, 5, 5) and b.dtype == torch.float32
+    for h in range(2):
+        for i in range(5):
+            for j in range(5):
+                want = -slopes[h].item() * (i - j) if j <= i else float("-inf")
+                assert b[h, i, j].item() == want
+    bb = alibi_bias(torch.arange(5).repeat(3, 1) + torch.arange(3)[:, None] * 7, slopes)
+    assert bb.shape == (3, 2, 5, 5)
+    torch.testing.assert_close(bb, b.expand(3, -1, -1, -1))  # a shift changes nothing
+    with pytest.raises(ValueError, match=r"positions must be a \(seq,\) or \(batch, seq\) tensor, got \(1, 2, 3\)"):
+        alibi_bias(torch.zeros(1, 2, 3), slopes)
+    with pytest.raises(ValueError, match=r"slopes must be a \(heads,\) tensor, got \(2, 1\)"):
+        alibi_bias(torch.arange(4), slopes[:, None])
+
+
+def test_alibi_model_equals_a_manual_computation():
+    torch.manual_seed(0)
+    model = TinyTransformer(V, D, H, 1, MAXLEN, pos="alibi", seed=3).double()
+    x = _tokens()
+    logits = model(x)
+    blk = model.blocks[0]
+    h = blk.ln1(model.tok_emb(x))  # no position added to the input
+    attn = blk.attn
+    q, k, v = (attn.split_heads(f(h)) for f in (attn.linear_q, attn.linear_k, attn.linear_v))
+    n = x.shape[1]
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    m = torch.tensor(_authors_get_slopes(H), dtype=torch.float64)[:, None, None]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(attn.head_dim) - m * (i - j)
+    w = torch.softmax(scores.masked_fill(j > i, float("-inf")), dim=-1)
+    torch.testing.assert_close(model.attention_weights[0], w)
+    a = attn.linear_out(attn.merge_heads(w @ v))
+    y = model.tok_emb(x) + a
+    y = y + blk.ff(blk.ln2(y))
+    torch.testing.assert_close(logits, model.head(model.ln_f(y)))
+    # the fused path (need_weights=False) gives the same logits
+    torch.testing.assert_close(model(x, need_weights=False), logits)
+
+
+def test_alibi_model_is_causal_and_shift_invariant():
+    model = TinyTransformer(V, D, H, 2, MAXLEN, pos="alibi", seed=1).double()
+    x = _tokens()
+    y = model(x)
+    x2 = x.clone()
+    x2[:, 5:] = (x2[:, 5:] + 1) % V  # change the future of position 4
+    torch.testing.assert_close(model(x2)[:, :5], y[:, :5])
+    torch.testing.assert_close(model(x, offset=1000), y)  # scores depend on i - j only
+    assert model.attention_weights[0].shape == (x.shape[0], H, x.shape[1], x.shape[1])
+    with pytest.raises(ValueError, match=r"pos='alibi' needs causal=True"):
+        TinyTransformer(V, D, H, 1, MAXLEN, pos="alibi", causal=False)

@@ -202,6 +202,109 @@ def test_seed_everything_errors(kwargs, match):
         helpers.seed_everything(**kwargs)
 
 
+# ------------------------------------------- (batch, seq) positions: Hugging Face's convention
+def _per_example(fn, x, pos):
+    """The reference: rotate each example on its own with its own 1-D positions."""
+    return torch.stack([fn(x[b], pos[b]) for b in range(x.shape[0])])
+
+
+def _hf_rotate(x, pos, base=10000.0):
+    """Hugging Face Llama's rotate_half + apply_rotary_pos_emb(unsqueeze_dim=1), written out
+    from transformers/models/llama/modeling_llama.py (half layout)."""
+    d = x.shape[-1]
+    inv_freq = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.int64).to(F64) / d))
+    freqs = pos.to(F64)[:, :, None] * inv_freq  # (batch, seq, d/2)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos().unsqueeze(1), emb.sin().unsqueeze(1)  # unsqueeze_dim=1
+    rot = torch.cat((-x[..., d // 2:], x[..., : d // 2]), dim=-1)
+    return x * cos + rot * sin
+
+
+ROTATORS = {
+    "apply_rope interleaved": lambda x, p: helpers.apply_rope(x, p),
+    "apply_rope half": lambda x, p: helpers.apply_rope(x, p, layout="half"),
+    "apply_rope scale=2": lambda x, p: helpers.apply_rope(x, p, scale=2.0),
+    "apply_rope ntk_scale=2": lambda x, p: helpers.apply_rope(x, p, ntk_scale=2.0),
+    "apply_rope_complex": lambda x, p: helpers.apply_rope_complex(x, p),
+    "RotaryEmbedding interleaved": helpers.RotaryEmbedding(8),
+    "RotaryEmbedding half": helpers.RotaryEmbedding(8, layout="half"),
+    "RotaryEmbedding scale=2": helpers.RotaryEmbedding(8, scale=2.0),
+}
+
+
+@pytest.mark.parametrize("name", list(ROTATORS))
+@pytest.mark.parametrize("batch, heads", [(3, 3), (2, 5), (1, 4)])
+@pytest.mark.parametrize("kind", ["int", "float"])
+def test_batch_seq_positions_rotate_each_example_with_its_own_row(name, batch, heads, kind):
+    """(batch, seq) positions on (batch, heads, seq, head_dim): example b uses row b for every
+    head. batch == heads is the trap: right-aligned broadcasting pairs row b with head b."""
+    fn = ROTATORS[name]
+    g = torch.Generator().manual_seed(batch * 10 + heads)
+    x = torch.randn(batch, heads, 5, 8, generator=g, dtype=F64)
+    pos = torch.randint(0, 60, (batch, 5), generator=g)
+    if kind == "float":
+        pos = pos / 3.0
+    out = fn(x, pos)
+    assert out.shape == x.shape
+    torch.testing.assert_close(out, _per_example(fn, x, pos), rtol=0, atol=1e-12)
+    # the explicit (batch, 1, seq) spelling means the same
+    torch.testing.assert_close(fn(x, pos[:, None, :]), out, rtol=0, atol=1e-12)
+    if batch > 1:  # and it is not what rotating every example by row 0 gives
+        assert (out - fn(x, pos[0])).abs().max() > 1e-3
+
+
+def test_batch_seq_positions_match_hugging_face_and_the_matrix_form():
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(4, 4, 6, 8, generator=g, dtype=F64)  # batch == heads
+    pos = torch.randint(0, 100, (4, 6), generator=g)
+    torch.testing.assert_close(helpers.apply_rope(x, pos, layout="half"), _hf_rotate(x, pos), rtol=0, atol=1e-12)
+    ref = _per_example(lambda xb, pb: apply_rope_matrix(xb, pb), x, pos)
+    torch.testing.assert_close(helpers.apply_rope(x, pos), ref, rtol=0, atol=1e-12)
+    # (batch, kv_heads, groups, seq, head_dim): 2-D positions still mean (batch, seq)
+    x5 = torch.randn(4, 2, 4, 6, 8, generator=g, dtype=F64)
+    torch.testing.assert_close(
+        helpers.apply_rope(x5, pos), _per_example(lambda xb, pb: apply_rope_matrix(xb, pb), x5, pos), rtol=0, atol=1e-12
+    )
+    # 3-D input (batch, seq, head_dim): (batch, seq) is already aligned
+    x3 = x[:, 0]
+    torch.testing.assert_close(helpers.apply_rope(x3, pos), _per_example(lambda xb, pb: apply_rope_matrix(xb, pb), x3, pos), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: helpers.apply_rope(torch.zeros(2, 3, 5, 8), torch.zeros(3, 5)),
+         r"positions of shape \(3, 5\) do not match x of shape \(2, 3, 5, 8\): \(batch, seq\) positions need batch = x.shape\[0\] = 2"),
+        (lambda: helpers.apply_rope(torch.zeros(2, 5, 8), torch.zeros(3, 5)),
+         r"positions of shape \(3, 5\) do not match x of shape \(2, 5, 8\)"),
+        (lambda: helpers.apply_rope(torch.zeros(5, 8), torch.zeros(2, 5)),
+         r"positions of shape \(2, 5\) do not match x of shape \(5, 8\)"),
+        (lambda: helpers.apply_rope(torch.zeros(2, 3, 4, 5, 8), torch.zeros(2, 3, 5)),
+         r"positions must have shape \(seq,\), \(batch, seq\) or 4 dimensions like x.shape\[:-1\] = \(2, 3, 4, 5\), got shape \(2, 3, 5\)"),
+        (lambda: helpers.apply_rope_complex(torch.zeros(2, 3, 5, 8), torch.zeros(3, 5)), r"need batch = x.shape\[0\] = 2"),
+        (lambda: helpers.RotaryEmbedding(8)(torch.zeros(2, 3, 5, 8), torch.zeros(3, 5, dtype=torch.long)), r"need batch = x.shape\[0\] = 2"),
+    ],
+)
+def test_positions_shape_errors(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_rotary_cache_key_names_the_device_index(monkeypatch):
+    """torch.device("cuda") and cuda:<current> must find the same cache entry."""
+    from helpers.rope import _device_key
+
+    assert _device_key(None) == torch.device("cpu") and _device_key("meta") == torch.device("meta")
+    assert _device_key("cuda:1") == torch.device("cuda", 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert _device_key("cuda") == torch.device("cuda", 3)
+    assert _device_key(torch.device("cuda")) == torch.device("cuda", 3)
+    rope = helpers.RotaryEmbedding(8)
+    rope._cache[(torch.device("cuda", 3), torch.float32)] = (torch.zeros(7, 4), torch.zeros(7, 4))
+    assert rope.cache_len(device="cuda") == 7 and rope.cache_len(device="cuda:3") == 7
+    assert rope.cache_len(device="cuda:0") == 0
+
+
 # ------------------------------------------- the notebook's inline derivation
 NB01 = Path(__file__).resolve().parents[1] / "notebooks" / "01_rope_rotation_matrix.ipynb"
 
