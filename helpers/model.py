@@ -4,7 +4,7 @@ Built in ``notebooks/03_mha_from_scratch.ipynb`` (section "the tiny transformer"
 then used by notebook 04 (residual dropout: ``dropout=p``), 05 (head pruning and
 head importance: ``head_mask`` of shape ``(num_layers, num_heads)``, per-layer
 ``attention_weights``) and 06 (positional encodings compared: ``pos`` in
-``{"none", "sinusoidal", "learned", "rope"}``, shifted ``positions``/``offset``,
+``{"none", "sinusoidal", "learned", "rope", "alibi"}``, shifted ``positions``/``offset``,
 evaluation beyond ``max_len``).
 
 Papers: Vaswani et al., "Attention Is All You Need" (2017) (sinusoidal encoding,
@@ -29,9 +29,9 @@ from torch import nn
 
 from .attention import MultiHeadAttention, _check_dropout, _check_positive_int, causal_mask
 
-__all__ = ["POSITIONAL_ENCODINGS", "sinusoidal_encoding", "TransformerBlock", "TinyTransformer"]
+__all__ = ["POSITIONAL_ENCODINGS", "sinusoidal_encoding", "alibi_slopes", "alibi_bias", "TransformerBlock", "TinyTransformer"]
 
-POSITIONAL_ENCODINGS = ("none", "sinusoidal", "learned", "rope")
+POSITIONAL_ENCODINGS = ("none", "sinusoidal", "learned", "rope", "alibi")
 
 
 def sinusoidal_encoding(positions: Union[int, torch.Tensor], d_model: int, base: float = 10000.0) -> torch.Tensor:
@@ -63,6 +63,67 @@ def sinusoidal_encoding(positions: Union[int, torch.Tensor], d_model: int, base:
     angle = pos[..., None] * inv  # (..., d/2)
     pe = torch.stack([torch.sin(angle), torch.cos(angle)], dim=-1).flatten(-2)
     return pe.to(torch.float32)
+
+
+def alibi_slopes(num_heads: int) -> torch.Tensor:
+    r"""The head-specific slopes :math:`m_h` of ALiBi (Press, Smith & Lewis, ICLR 2022, sec. 3).
+
+    For a power of two :math:`n` heads the slopes are the geometric sequence
+    :math:`m_k = 2^{-8k/n}`, :math:`k = 1 .. n` (8 heads: :math:`1/2, 1/4, \dots, 1/256`).
+    Otherwise, with :math:`p = 2^{\lfloor \log_2 n \rfloor}`, the first :math:`p` slopes are
+    those of :math:`p` heads and the remaining :math:`n - p` are every second slope of
+    :math:`2p` heads (:math:`m_1, m_3, \dots` of that sequence), as in the authors' code
+    (``get_slopes`` in ``ofirpress/attention_with_linear_biases``, ``fairseq/models/transformer.py``).
+
+    Args:
+        num_heads: :math:`n`, an int >= 1.
+
+    Returns:
+        float64 tensor ``(num_heads,)``, decreasing for a power of two.
+    """
+    _check_positive_int(num_heads, "num_heads")
+
+    def power_of_2(n: int) -> list[float]:
+        return [2.0 ** (-8.0 * k / n) for k in range(1, n + 1)]
+
+    p = 1 << (num_heads.bit_length() - 1)  # the largest power of two <= num_heads
+    slopes = power_of_2(p)
+    if p < num_heads:
+        slopes += power_of_2(2 * p)[0::2][: num_heads - p]
+    return torch.tensor(slopes, dtype=torch.float64)
+
+
+def alibi_bias(positions: torch.Tensor, slopes: torch.Tensor) -> torch.Tensor:
+    r"""ALiBi's causal additive attention mask: :math:`-m_h (p_i - p_j)` where key :math:`j \le i`, else :math:`-\infty`.
+
+    Press et al. (2022) add this bias to the query-key scores of every layer (eq. in sec. 3:
+    :math:`\operatorname{softmax}(\mathbf q_i \mathbf K^\top + m \cdot [-(i-1), \dots, -2, -1, 0])`) and use
+    no position embedding. It depends on positions only through :math:`p_i - p_j`, so a
+    constant shift of every position changes nothing. Causality is by index, as for
+    :func:`~helpers.attention.causal_mask`.
+
+    Args:
+        positions: ``(seq,)`` or ``(batch, seq)`` positions (ints or floats).
+        slopes: ``(heads,)`` slopes :math:`m_h` (:func:`alibi_slopes`).
+
+    Returns:
+        float32 tensor ``(heads, seq, seq)`` or ``(batch, heads, seq, seq)``: 0 on the
+        diagonal, :math:`-m_h (p_i - p_j)` below it, :math:`-\infty` above (computed in
+        float64, on ``positions``' device).
+    """
+    if not isinstance(positions, torch.Tensor) or positions.dim() not in (1, 2):
+        raise ValueError(f"positions must be a (seq,) or (batch, seq) tensor, got "
+                         f"{tuple(positions.shape) if isinstance(positions, torch.Tensor) else type(positions).__name__}")
+    if not isinstance(slopes, torch.Tensor) or slopes.dim() != 1:
+        raise ValueError(f"slopes must be a (heads,) tensor, got "
+                         f"{tuple(slopes.shape) if isinstance(slopes, torch.Tensor) else type(slopes).__name__}")
+    p = positions.to(torch.float64)
+    n = p.shape[-1]
+    dist = p[..., :, None] - p[..., None, :]  # (..., seq_q, seq_k): p_i - p_j
+    m = slopes.to(device=p.device, dtype=torch.float64).view(-1, 1, 1)
+    bias = -m * dist.unsqueeze(-3)  # (..., heads, seq, seq)
+    allowed = torch.ones(n, n, dtype=torch.bool, device=p.device).tril()
+    return bias.masked_fill(~allowed, float("-inf")).to(torch.float32)
 
 
 class TransformerBlock(nn.Module):
@@ -129,6 +190,10 @@ class TinyTransformer(nn.Module):
     * ``"rope"``: no additive encoding; Q and K are rotated in every layer
       (``MultiHeadAttention(rope=True)``, base ``rope_base``, layout ``rope_layout``).
 
+    * ``"alibi"``: no additive encoding; every layer adds the causal bias
+      :math:`-m_h (i - j)` to head :math:`h`'s scores (:func:`alibi_bias`, slopes
+      :func:`alibi_slopes`; Press et al. 2022). Needs ``causal=True``.
+
     Only ``"learned"`` is limited by ``max_len``; the others evaluate at any length.
 
     After each forward with ``need_weights=True`` (the default),
@@ -142,7 +207,7 @@ class TinyTransformer(nn.Module):
         num_layers: number of blocks.
         max_len: the longest sequence the ``"learned"`` table covers (recorded for the
             others, which do not need it).
-        pos: ``"none"``, ``"sinusoidal"``, ``"learned"`` or ``"rope"``.
+        pos: ``"none"``, ``"sinusoidal"``, ``"learned"``, ``"rope"`` or ``"alibi"``.
         dropout: residual dropout (on each sublayer output and on the embedding sum),
             sec. 5.4 of the paper (``P_drop = 0.1`` there).
         causal: apply the causal mask (decoder-only language model).
@@ -184,6 +249,8 @@ class TinyTransformer(nn.Module):
             _check_positive_int(val, name)
         if pos not in POSITIONAL_ENCODINGS:
             raise ValueError(f"pos must be one of {POSITIONAL_ENCODINGS}, got {pos!r}")
+        if pos == "alibi" and not causal:
+            raise ValueError("pos='alibi' needs causal=True (Press et al. define ALiBi's bias -m(i-j) for keys j <= i)")
         if pos == "sinusoidal" and d_model % 2 != 0:
             raise ValueError(f"pos='sinusoidal' needs an even d_model, got {d_model}")
         _check_dropout(dropout, "dropout")
@@ -305,6 +372,9 @@ class TinyTransformer(nn.Module):
         x = self.drop(x)
 
         mask = causal_mask(n, device=tokens.device) if self.causal else None
+        if self.pos == "alibi":  # the causal mask with ALiBi's linear distance penalty on the allowed scores
+            p = pos if pos is not None else torch.arange(n, device=tokens.device)
+            mask = alibi_bias(p, alibi_slopes(self.num_heads))  # (heads, n, n) or (batch, heads, n, n)
         hm = None if head_mask is None else self._check_head_mask(head_mask, b)
         rope_pos = pos if self.pos == "rope" else None
         weights = []
