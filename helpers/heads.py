@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .tasks import IGNORE_INDEX, Task, _check_int
-from .train import evaluate
+from .train import _model_device, _to_device, evaluate
 
 __all__ = [
     "head_importance",
@@ -114,7 +114,7 @@ def _evaluate(model, batches: list[Pair], head_mask: Optional[torch.Tensor] = No
     tot_loss = tot_acc = 0.0
     tot_n = 0
     if head_mask is None:  # all ones: the same (explicit) attention path as a pruned model
-        head_mask = torch.ones(model.num_layers, model.num_heads)
+        head_mask = torch.ones(model.num_layers, model.num_heads, device=_model_device(model))
     for x, y in batches:
         n = int((y != IGNORE_INDEX).sum())
         if n == 0:
@@ -154,24 +154,26 @@ def head_importance(model: nn.Module, batches: Batches, normalize: bool = False,
             the importance of the remaining heads *given* that pruning (for iterative pruning).
 
     Returns:
-        Float tensor ``(num_layers, num_heads)`` (on the model's device), >= 0.
+        Float tensor ``(num_layers, num_heads)`` (on the model's device), >= 0. The
+        batches are moved to the model's device.
     """
     _check_model(model)
     data = _as_batches(batches)
     L, H = _heads(model)
-    base = torch.ones(L, H) if head_mask is None else _check_mask_shape(head_mask, L, H).float()
+    dev = _model_device(model)
+    base = torch.ones(L, H, device=dev) if head_mask is None else _check_mask_shape(head_mask, L, H).float().to(dev)
     was_training = model.training
     model.eval()
     total = None
     count = 0
     try:
         for x, y in data:
+            x, y = _to_device((x, y), dev)
             scored = (y != IGNORE_INDEX)
             has = scored.any(dim=1)
             if not bool(has.any()):
                 continue
-            dev = next(model.parameters()).device
-            xi = base.to(dev).expand(x.shape[0], L, H).clone().requires_grad_(True)
+            xi = base.expand(x.shape[0], L, H).clone().requires_grad_(True)
             logits = model(x, head_mask=xi, need_weights=False)
             ce = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), ignore_index=IGNORE_INDEX,
                                  reduction="none").view(y.shape)
@@ -377,12 +379,14 @@ def attention_maps(model: nn.Module, inputs: torch.Tensor, head_mask: Optional[t
     """Every head's attention weights on ``inputs``: ``(num_layers, batch, num_heads, seq, seq)``.
 
     One forward pass in eval mode (``model.attention_weights`` stacked); rows are queries,
-    columns keys, each row sums to 1.
+    columns keys, each row sums to 1. ``inputs`` are moved to the model's device, where
+    the maps are returned.
     """
     _check_model(model)
     if not isinstance(inputs, torch.Tensor) or inputs.dim() != 2:
         raise ValueError(f"inputs must be a (batch, seq) tensor of token ids, got "
                          f"{tuple(inputs.shape) if isinstance(inputs, torch.Tensor) else type(inputs).__name__}")
+    (inputs,) = _to_device((inputs,), _model_device(model))
     was_training = model.training
     model.eval()
     try:
@@ -400,9 +404,11 @@ def head_outputs(model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
     :math:`\text{out} = \sum_h \text{head}_h W^O_{[:, h]}{}^\top + b^O` with
     :math:`W^O_{[:, h]}` the ``head_dim`` columns of ``linear_out.weight`` that read head
     :math:`h`. This returns the terms :math:`\text{head}_h W^O_{[:,h]}{}^\top` (bias excluded),
-    captured with a forward hook on each ``linear_out``.
+    captured with a forward hook on each ``linear_out``. ``inputs`` are moved to the
+    model's device, where the result is returned.
     """
     _check_model(model)
+    (inputs,) = _to_device((inputs,), _model_device(model))
     captured: list[torch.Tensor] = []
     hooks = [b.attn.linear_out.register_forward_hook(lambda mod, inp, out: captured.append(inp[0]))
              for b in model.blocks]
@@ -452,7 +458,7 @@ def head_similarity(model: nn.Module, batches: Batches, kind: str = "attention")
         sim = unit @ unit.T
         sim.fill_diagonal_(1.0)
         return sim.float()
-    js = torch.zeros(N, N, dtype=torch.float64)
+    js = torch.zeros(N, N, dtype=torch.float64, device=_model_device(model))
     rows = 0
     for x, _ in data:
         w = attention_maps(model, x).double()  # (L, b, H, n, n)
@@ -573,6 +579,7 @@ def induction_score(weights: torch.Tensor, inputs: torch.Tensor, query_mask: Opt
     if not isinstance(inputs, torch.Tensor) or inputs.shape != (b, n):
         raise ValueError(f"inputs must have shape (batch, seq) = ({b}, {n}), got "
                          f"{tuple(inputs.shape) if isinstance(inputs, torch.Tensor) else type(inputs).__name__}")
+    inputs = inputs.to(w.device)  # follow the maps (e.g. CUDA maps, CPU token ids)
     same = inputs[:, :, None] == inputs[:, None, :]  # (b, t, s): x_t == x_s
     earlier = torch.ones(n, n, dtype=torch.bool, device=inputs.device).tril(-1)  # s < t
     src = same & earlier

@@ -219,8 +219,10 @@ class TinyTransformer(nn.Module):
         num_kv_heads: key/value heads per layer (default ``num_heads``); fewer gives
             grouped-query attention, 1 multi-query attention (see :class:`MultiHeadAttention`;
             notebook 05).
-        seed: if given, the parameters are initialised from ``torch.manual_seed(seed)``
-            inside ``torch.random.fork_rng`` (the global RNG is left untouched), so the same
+        seed: if given, the parameters are initialised (on the CPU) from the CPU generator
+            seeded with ``seed`` inside ``torch.random.fork_rng`` (the global RNG is left
+            untouched; only the CPU generator is re-seeded, not ``torch.manual_seed``'s
+            CUDA generators, so a caller's CUDA random state is untouched too), so the same
             seed gives the same model whatever ran before.
     """
 
@@ -264,7 +266,7 @@ class TinyTransformer(nn.Module):
         self.num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         with torch.random.fork_rng(devices=[], enabled=seed is not None):
             if seed is not None:
-                torch.manual_seed(seed)
+                torch.default_generator.manual_seed(seed)  # the CPU only: init runs on the CPU
             self.tok_emb = nn.Embedding(vocab_size, d_model)
             self.pos_emb = nn.Embedding(max_len, d_model) if pos == "learned" else None
             self.blocks = nn.ModuleList(

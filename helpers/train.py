@@ -15,9 +15,16 @@ optimised with AdamW (Loshchilov & Hutter 2019: decoupled ``weight_decay``).
 
 Determinism: the batch order comes from a ``torch.Generator`` seeded with ``seed``, and
 the global RNG (dropout) is re-seeded with ``seed`` inside ``torch.random.fork_rng``, so
-the caller's random state is left untouched. With ``helpers.seed_everything`` (one
-thread, deterministic algorithms) the same call gives bit-identical losses on the same
-machine. Nothing is printed unless ``progress=True`` (one final line) or ``log_every > 0``.
+the caller's random state is left untouched: on a CUDA model ``torch.manual_seed`` re-seeds
+the CPU and every CUDA device and all of them are forked; on any other device only the
+CPU generator is re-seeded and forked (the CUDA generators are not touched). With
+``helpers.seed_everything`` (one thread, deterministic algorithms) the same call gives
+bit-identical losses on the same machine. Nothing is printed unless ``progress=True``
+(one final line) or ``log_every > 0``.
+
+Devices: :func:`train` and :func:`evaluate` follow the model. Each batch is moved to the
+device of the model's first parameter (the CPU for a model without parameters), so data
+made on the CPU by :mod:`helpers.tasks` trains a model moved with ``model.cuda()``.
 """
 from __future__ import annotations
 
@@ -34,6 +41,30 @@ from .tasks import IGNORE_INDEX, Split, Task, accuracy
 __all__ = ["TrainResult", "cross_entropy_loss", "evaluate", "train"]
 
 Data = tuple[torch.Tensor, torch.Tensor]
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    """The device of ``model``'s first parameter; the CPU for a model without parameters."""
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def _to_device(batch: tuple[torch.Tensor, ...], device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Each tensor of ``batch`` on ``device`` (no copy for those already there)."""
+    return tuple(t.to(device) for t in batch)
+
+
+def _rng_devices(device: torch.device) -> tuple[list[int], Optional[str]]:
+    """What ``torch.random.fork_rng`` must save and restore around seeded work on a model at ``device``.
+
+    ``torch.manual_seed`` re-seeds every CUDA device, so on CUDA all of them are forked
+    (``(list(range(device_count)), "cuda")``); off CUDA only the CPU state is
+    (``([], None)``).
+    """
+    if device.type == "cuda":
+        return list(range(torch.cuda.device_count())), "cuda"
+    return [], None
 
 
 def cross_entropy_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -97,7 +128,8 @@ def evaluate(
 
     The loss is averaged over scored positions (batches weighted by their count of scored
     positions); ``forward_kwargs`` go to ``model(inputs, ...)`` (e.g. ``head_mask``,
-    ``offset``). The model's train/eval mode is restored afterwards.
+    ``offset``). Each batch is moved to the model's device (its first parameter's; the
+    CPU without parameters). The model's train/eval mode is restored afterwards.
 
     Returns:
         ``(loss, accuracy)`` as floats (NaN, NaN for empty data).
@@ -106,11 +138,12 @@ def evaluate(
     if len(x) == 0:
         return float("nan"), float("nan")
     was_training = model.training
+    device = _model_device(model)
     model.eval()
     try:
         total_loss, total_correct, total_n = 0.0, 0, 0
         for i in range(0, len(x), batch_size):
-            xb, yb = x[i : i + batch_size], y[i : i + batch_size]
+            xb, yb = _to_device((x[i : i + batch_size], y[i : i + batch_size]), device)
             logits = model(xb, **forward_kwargs)
             n = int((yb != IGNORE_INDEX).sum())
             if n == 0:
@@ -174,9 +207,11 @@ def train(
 ) -> TrainResult:
     r"""Train ``model`` in place on a task or on given data; return losses and final metrics.
 
-    Each step draws a batch (epochs of a seeded random permutation), computes
+    Each step draws a batch (epochs of a seeded random permutation), moves it to the
+    model's device (its first parameter's), computes
     ``loss_fn(model(inputs), targets) + penalty(model)``, back-propagates, clips the
-    gradient norm to ``grad_clip`` and takes an optimiser step.
+    gradient norm to ``grad_clip`` and takes an optimiser step. The caller's CPU random
+    state, and on CUDA every CUDA device's, is the same after the call as before.
 
     Args:
         model: maps ``(batch, seq)`` long tokens to ``(batch, seq, vocab)`` logits.
@@ -227,12 +262,17 @@ def train(
     opt = optimizer(params) if optimizer is not None else torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
 
     g = torch.Generator().manual_seed(seed)
+    device = _model_device(model)
+    rng_devices, rng_type = _rng_devices(device)
     losses: list[float] = []
     history: list[tuple[int, float, float]] = []
     t0 = time.perf_counter()
     step = 0
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with torch.random.fork_rng(devices=rng_devices, device_type=rng_type):
+        if device.type == "cuda":
+            torch.manual_seed(seed)  # the CPU and every CUDA device, all forked above
+        else:
+            torch.default_generator.manual_seed(seed)  # the CPU only: CUDA generators are not forked here
         model.train()
         perm, pos = torch.randperm(n, generator=g), 0
         for step in range(1, steps + 1):
@@ -240,8 +280,9 @@ def train(
                 perm, pos = torch.randperm(n, generator=g), 0
             idx = perm[pos : pos + batch_size]
             pos += batch_size
-            logits = model(x[idx], **fkw)
-            loss = loss_fn(logits, y[idx])
+            xb, yb = _to_device((x[idx], y[idx]), device)
+            logits = model(xb, **fkw)
+            loss = loss_fn(logits, yb)
             if penalty is not None:
                 loss = loss + penalty(model)
             opt.zero_grad(set_to_none=True)

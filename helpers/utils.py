@@ -1,6 +1,7 @@
 """Seeding and determinism shared by every notebook (the setup cell calls it)."""
 from __future__ import annotations
 
+import os
 import random
 
 import numpy as np
@@ -13,10 +14,20 @@ def seed_everything(seed: int = 0, num_threads: int = 1, deterministic: bool = T
     """Seed Python, NumPy and torch, and fix what else changes float results.
 
     * ``random.seed``, ``np.random.seed``, ``torch.manual_seed`` with ``seed``.
+      ``torch.manual_seed`` seeds the CPU generator *and* every CUDA device's (torch
+      2.13's ``torch/random.py`` calls ``torch.cuda.manual_seed_all``, lazily when CUDA
+      is not initialised yet), so CUDA needs no separate call.
     * ``torch.set_num_threads(num_threads)``: the number of threads changes how float
       sums are split, hence their last digits (measured on the course machine), so the
       notebooks fix it; 1 thread is also the fastest for their tiny models.
     * ``torch.use_deterministic_algorithms(deterministic)``.
+    * On CUDA (``torch.cuda.is_available()``) with ``deterministic=True``: the
+      environment variable ``CUBLAS_WORKSPACE_CONFIG`` is set to ``":4096:8"`` **if it is
+      not set already** (a value you set wins). Deterministic cuBLAS matrix products need
+      it (CUDA >= 10.2; see torch's "Reproducibility" notes); without it torch raises a
+      ``RuntimeError`` at the first such product. cuBLAS reads it when it creates its
+      workspace, so call this before the first CUDA matrix product. Without CUDA the
+      environment is not touched.
 
     Args:
         seed: a non-negative int.
@@ -31,9 +42,11 @@ def seed_everything(seed: int = 0, num_threads: int = 1, deterministic: bool = T
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
     if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
         raise ValueError(f"num_threads must be an int >= 1, got {num_threads!r}")
+    if deterministic and torch.cuda.is_available() and "CUBLAS_WORKSPACE_CONFIG" not in os.environ:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
     random.seed(seed)
     np.random.seed(seed)
-    torch.manual_seed(seed)
+    torch.manual_seed(seed)  # CPU and all CUDA devices
     torch.set_num_threads(num_threads)
     torch.use_deterministic_algorithms(deterministic)
     return torch.Generator().manual_seed(seed)
