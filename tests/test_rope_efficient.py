@@ -406,12 +406,38 @@ def test_rope_cache_explorer_updates():
     assert len(ex.times_ms) == 2
     import numpy as np
 
-    fig = plot_angle_precision(np.arange(4), {"a": np.ones(4)}, {"a": np.ones(4)}, title="t")
-    assert len(fig.axes) == 2
+    fig = plot_angle_precision(np.arange(1, 5), {"a": np.ones(4)}, {"a": np.ones(4)}, title="t", marks={"m=2": 2})
+    assert len(fig.axes) == 2 and all(ax.get_xscale() == "log" for ax in fig.axes)
+    assert "m=2" in [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     fig = plot_rope_benchmark({"seq": {"values": [1, 2], "fixed": "d=8", "ms": {"x": [1.0, 2.0], "memory floor": [0.5, 1.0]}}})
     assert len(fig.axes) == 1
     import matplotlib.pyplot as plt
 
+    plt.close("all")
+
+
+def test_plot_rope_benchmark_reference_slopes():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from helpers.viz.rope_efficient import plot_rope_benchmark
+
+    sweeps = {"head_dim": {"values": [16, 32, 64], "fixed": "seq=8", "ms": {"matrix": [1.0, 4.0, 16.0], "memory floor": [0.5, 1.0, 2.0]}}}
+    fig = plot_rope_benchmark(sweeps, references={"head_dim": [("matrix", 2), ("memory floor", 1)]})
+    ax = fig.axes[0]
+    assert ax.get_xscale() == ax.get_yscale() == "log"
+    dotted = [ln for ln in ax.get_lines() if ln.get_linestyle() == ":"]
+    assert len(dotted) == 2
+    # slope 2 through the matrix's first point: (16, 1) -> (64, 16)
+    assert np.allclose(dotted[0].get_ydata(), [1.0, 4.0, 16.0]) and np.allclose(dotted[1].get_ydata(), [0.5, 1.0, 2.0])
+    assert [t.get_text() for t in ax.texts] == ["slope 2", "slope 1"]
+    with pytest.raises(ValueError, match=r"references: 'seq' is not a swept parameter \(have \['head_dim'\]\)"):
+        plot_rope_benchmark(sweeps, references={"seq": [("matrix", 1)]})
+    with pytest.raises(ValueError, match=r"references\['head_dim'\]: 'nope' is not an implementation of that sweep"):
+        plot_rope_benchmark(sweeps, references={"head_dim": [("nope", 1)]})
     plt.close("all")
 
 

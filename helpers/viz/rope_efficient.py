@@ -4,7 +4,7 @@
   a range of positions and a fixed vector rotated by it.
 * :func:`rope_cache_explorer` -- sliders for ``head_dim``, base and the position range.
 * :func:`plot_angle_precision` -- angle and rotation error against position (bf16 vs fp32).
-* :func:`plot_rope_benchmark` -- time against ``head_dim`` and against ``seq``.
+* :func:`plot_rope_benchmark` -- time against ``head_dim`` and against ``seq`` (log2-log2, reference slopes).
 """
 from __future__ import annotations
 
@@ -167,11 +167,15 @@ def plot_angle_precision(
     angle_error: Mapping[str, np.ndarray],
     rotation_error: Mapping[str, np.ndarray],
     title: str = "",
+    marks: Mapping[str, float] | None = None,
 ):
     """Two panels against position: the max angle error :math:`|\\widehat{m\\theta_i} - m\\theta_i|`
     over pairs (rad) and the relative rotation error :math:`\\lVert \\hat R_m q - R_m q\\rVert / \\lVert q\\rVert`.
 
-    One line per dtype (keys of the mappings). Returns the pyplot figure (call ``plt.show()``).
+    One line per dtype (keys of the mappings). Both axes are logarithmic (position in powers
+    of 2), so short contexts, where bfloat16 already fails, get as much room as long ones.
+    ``marks`` maps a label to a position drawn as a dotted vertical line (e.g. 256, the last
+    integer bfloat16 represents exactly). Returns the pyplot figure (call ``plt.show()``).
     """
     import matplotlib.pyplot as plt
 
@@ -180,10 +184,12 @@ def plot_angle_precision(
         ax1.plot(positions, np.maximum(err, 1e-12), lw=1, color=f"C{j}", label=name)
     for j, (name, err) in enumerate(rotation_error.items()):
         ax2.plot(positions, np.maximum(err, 1e-12), lw=1, color=f"C{j}", label=name)
-    ax1.set_yscale("log")
-    ax2.set_yscale("log")
-    ax1.set_xlabel("position m")
-    ax2.set_xlabel("position m")
+    for ax in (ax1, ax2):
+        ax.set_yscale("log")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("position m (log2 scale)")
+        for label, where in (marks or {}).items():
+            ax.axvline(where, color="0.5", ls=":", lw=1, label=label)
     ax1.set_ylabel("max angle error over pairs (rad)")
     ax2.set_ylabel(r"$\|\hat R_m q - R_m q\| / \|q\|$")
     ax1.set_title("angle $m\\theta_i$ vs float64", fontsize=10)
@@ -196,24 +202,45 @@ def plot_angle_precision(
     return fig
 
 
-def plot_rope_benchmark(sweeps: Mapping[str, Mapping], title: str = ""):
-    """Log-log time against each swept size.
+def plot_rope_benchmark(
+    sweeps: Mapping[str, Mapping],
+    title: str = "",
+    references: Mapping[str, Sequence[tuple[str, float]]] | None = None,
+):
+    """Time against each swept size, both axes in powers of 2 (so a slope is an exponent).
 
     ``sweeps`` maps the swept parameter (e.g. ``"head_dim"``) to
     ``{"values": [...], "fixed": "seq=1024", "ms": {implementation: [ms, ...]}}``.
+    ``references`` maps a swept parameter to ``[(implementation, slope), ...]``: a dotted
+    grey line :math:`t = t_0 (v / v_0)^{\text{slope}}` through that implementation's first
+    point, labelled with its slope (slope 1: linear growth, 2: quadratic).
     Returns the pyplot figure (call ``plt.show()``).
     """
     import matplotlib.pyplot as plt
 
+    references = dict(references or {})
+    for param, refs in references.items():
+        if param not in sweeps:
+            raise ValueError(f"references: {param!r} is not a swept parameter (have {sorted(sweeps)})")
+        for name, _slope in refs:
+            if name not in sweeps[param]["ms"]:
+                raise ValueError(f"references[{param!r}]: {name!r} is not an implementation of that sweep (have {sorted(sweeps[param]['ms'])})")
     fig, axes = plt.subplots(1, len(sweeps), figsize=(4.6 * len(sweeps), 3.6), squeeze=False)
     for ax, (param, sw) in zip(axes[0], sweeps.items()):
         for j, (name, ms) in enumerate(sw["ms"].items()):
             style = "k--" if "floor" in name else "o-"
             kw = {} if "floor" in name else {"color": f"C{j}"}
-            ax.loglog(sw["values"], ms, style, ms=3, lw=1, label=name, **kw)
+            ax.plot(sw["values"], ms, style, ms=3, lw=1, label=name, **kw)
+        v = np.asarray(sw["values"], dtype=float)
+        for k, (name, slope) in enumerate(references.get(param, [])):
+            t0 = float(sw["ms"][name][0])
+            ax.plot(v, t0 * (v / v[0]) ** slope, ls=":", color="0.45", lw=1.2)
+            ax.annotate(f"slope {slope:g}", (v[-1], t0 * (v[-1] / v[0]) ** slope), fontsize=7, color="0.35",
+                        xytext=(3, 0), textcoords="offset points", va="center")
         ax.set_xscale("log", base=2)
-        ax.set_xlabel(f"{param} ({sw.get('fixed', '')})")
-        ax.set_ylabel("median time per call (ms)")
+        ax.set_yscale("log", base=2)
+        ax.set_xlabel(f"{param} ({sw.get('fixed', '')}), log2 scale")
+        ax.set_ylabel("median time per call (ms), log2 scale")
         ax.set_title(f"time vs {param}", fontsize=10)
         ax.grid(True, which="major", alpha=0.3)
     axes[0][0].legend(fontsize=7)
