@@ -287,6 +287,10 @@ class MultiHeadAttention(nn.Module):
         self.rope = bool(rope)
         self.rope_base = float(rope_base)
         self.rope_layout = rope_layout
+        # Optional per-pair RoPE frequencies (head_dim // 2,) replacing rope_base ** (-2i/d), e.g.
+        # helpers.rope.llama3_frequencies (set by helpers.hf.mha_from_llama). A plain attribute, not a
+        # buffer, so that module.to(torch.bfloat16) cannot round it (notebook 07 §5).
+        self.rope_inv_freq: Optional[torch.Tensor] = None
         self.linear_q = nn.Linear(d_model, d_model, bias=bias)
         self.num_kv_heads = num_kv_heads
         self.linear_k = nn.Linear(d_model, num_kv_heads * self.head_dim, bias=bias)
@@ -364,6 +368,8 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = True,
         positions: PositionsLike = None,
         key_positions: PositionsLike = None,
+        cache=None,
+        layer_idx: int = 0,
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         r"""Attend from ``query`` to ``key``/``value`` (self-attention when they are omitted).
 
@@ -383,11 +389,25 @@ class MultiHeadAttention(nn.Module):
                 or ``(batch, seq_q)``, ints or floats; default ``0 .. seq_q-1``.
             key_positions: RoPE positions of the keys; default ``positions`` when the keys are
                 the queries' sequence (same length), else ``0 .. seq_k-1``.
+            cache: a :class:`helpers.kvcache.KVCache` for decoding (self-attention only):
+                the new tokens' keys and values (keys after RoPE) are appended to layer
+                ``layer_idx`` of the cache and the queries attend causally to every cached key;
+                ``positions`` then default to ``cache.seq_len(layer_idx) + 0 .. seq_q-1``
+                (:func:`helpers.kvcache.cached_self_attention`; notebook 07 §6).
+            layer_idx: the cache layer this module owns (with ``cache``).
 
         Returns:
             ``(output, weights)``: ``output`` ``(batch, seq_q, d_model)``; ``weights``
             ``(batch, heads, seq_q, seq_k)`` (before dropout) or ``None``.
         """
+        if cache is not None:  # KV-cache decoding step (notebook 07 §6)
+            if key is not None or value is not None or key_positions is not None:
+                raise ValueError("with a cache, attention is self-attention over the cached tokens: "
+                                 "key, value and key_positions must be None")
+            from .kvcache import cached_self_attention
+
+            return cached_self_attention(self, query, cache, layer_idx, mask=mask, head_mask=head_mask,
+                                         need_weights=need_weights, positions=positions)
         if key is None:
             key = query
         if value is None:
@@ -411,15 +431,20 @@ class MultiHeadAttention(nn.Module):
             if key_positions is None:
                 key_positions = positions if n_k == n_q else None
             pk = self._rope_positions(key_positions, n_k, "key_positions")
-            q = apply_rope(q, pq, base=self.rope_base, layout=self.rope_layout)
-            k = apply_rope(k, pk, base=self.rope_base, layout=self.rope_layout)
+            kw = {} if self.rope_inv_freq is None else {"frequencies": self.rope_inv_freq}
+            q = apply_rope(q, pq, base=self.rope_base, layout=self.rope_layout, **kw)
+            k = apply_rope(k, pk, base=self.rope_base, layout=self.rope_layout, **kw)
         k, v = self.repeat_kv(k), self.repeat_kv(v)  # (b, h, n_k, d_k): each K/V head serves its group
+        return self._attend(q, k, v, mask, head_mask, need_weights)
 
+    def _attend(self, q, k, v, mask, head_mask, need_weights):
+        """Per-head ``q`` ``(b, h, n_q, d_k)`` against ``k, v`` ``(b, h, n_k, d_k)``, then merge heads and
+        project: the explicit or the fused path (class docstring). Shared with the KV-cache step."""
         p = self.dropout if self.training else 0.0
         if need_weights or head_mask is not None or p > 0:
             out, weights = scaled_dot_product_attention(q, k, v, mask=mask, dropout_p=p, training=self.training)
             if head_mask is not None:
-                out = out * self._head_mask(head_mask, b, out)
+                out = out * self._head_mask(head_mask, q.shape[0], out)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
             weights = None

@@ -10,6 +10,13 @@
 * :func:`hf_permute_for_rope` -- the per-head row permutation that checkpoint converters
   apply to ``W_q``/``W_k`` trained for the interleaved layout (Meta's original Llama) so
   that the half layout (Hugging Face) gives identical scores.
+* :func:`llama_rope_frequencies` -- the per-pair RoPE frequencies a Llama config asks for
+  (``rope_type`` ``"default"``, ``"linear"`` or ``"llama3"``), computed by :mod:`helpers.rope`.
+* :func:`generate_with_series_attention` -- greedy decoding of a ``LlamaForCausalLM`` whose
+  attention layers are replaced by the series' :class:`MultiHeadAttention` with a
+  :class:`helpers.kvcache.KVCache` (everything else, RMSNorm and SwiGLU, is HF's).
+* :func:`attn_implementation` -- which attention kernel a config selects (the one place that
+  reads the private ``config._attn_implementation``: ``transformers`` 5.24 has no public getter).
 
 ``transformers`` is imported lazily: the rest of ``helpers`` does not need it. Nothing is
 downloaded: models are built from a config with random weights.
@@ -21,10 +28,13 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .attention import MultiHeadAttention
-from .rope import interleaved_to_half_index
+from .attention import MultiHeadAttention, causal_mask
+from .rope import interleaved_to_half_index, llama3_frequencies, rope_frequencies
 
-__all__ = ["llama_rope", "llama_causal_mask", "mha_from_llama", "hf_permute_for_rope", "LlamaForHeads"]
+__all__ = ["llama_rope", "llama_causal_mask", "mha_from_llama", "hf_permute_for_rope", "LlamaForHeads",
+           "SUPPORTED_ROPE_TYPES", "llama_rope_frequencies", "generate_with_series_attention", "attn_implementation"]
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
 def llama_rope(x: torch.Tensor, positions: torch.Tensor, config) -> torch.Tensor:
@@ -53,31 +63,30 @@ def llama_causal_mask(batch: int, seq: int, dtype: torch.dtype = torch.float32) 
 
 
 def mha_from_llama(layer: nn.Module, config) -> MultiHeadAttention:
-    """A :class:`MultiHeadAttention` with the weights of ``layer`` (a ``LlamaAttention``).
+    r"""A :class:`MultiHeadAttention` with the weights of ``layer`` (a ``LlamaAttention``).
 
     ``q_proj, k_proj, v_proj, o_proj`` map to ``linear_q, linear_k, linear_v, linear_out``;
     RoPE uses the half layout and ``config.rope_theta``; ``num_key_value_heads`` becomes
     ``num_kv_heads``. Biases are copied when the layer has them (``attention_bias=True``).
 
-    Only the default RoPE is supported: a config whose ``rope_type`` is anything else
-    (``"llama3"``, ``"linear"``, ``"yarn"`` ...) rescales frequencies or cos/sin, which
-    :class:`MultiHeadAttention` does not reproduce, so it raises ``ValueError`` instead of
-    returning a module that silently differs.
+    RoPE types: ``"default"`` (:math:`\theta_i = \text{rope\_theta}^{-2i/d}`), ``"linear"``
+    (every :math:`\theta_i` divided by ``factor``: position interpolation) and ``"llama3"``
+    (:func:`helpers.rope.llama3_frequencies`); the module then carries those frequencies in
+    ``rope_inv_freq``. Any other type (``"yarn"``, ``"dynamic"``, ``"longrope"`` ...) also
+    rescales cos/sin or depends on the sequence length, which :class:`MultiHeadAttention` does
+    not reproduce, so it raises ``ValueError`` instead of returning a module that silently differs.
     """
     d_model, h = config.hidden_size, config.num_attention_heads
     kv = getattr(config, "num_key_value_heads", None) or h
     head_dim = getattr(config, "head_dim", None) or d_model // h
     if head_dim * h != d_model:
         raise ValueError(f"head_dim * num_attention_heads must equal hidden_size, got {head_dim} * {h} != {d_model}")
-    rope_type = _rope_type(config)
-    if rope_type != "default":
-        raise ValueError(
-            f"config rope_type must be 'default' (plain RoPE with rope_theta), got {rope_type!r}: "
-            "its frequency scaling is not reproduced by MultiHeadAttention"
-        )
+    inv_freq = llama_rope_frequencies(config)  # raises for unsupported rope types
     rope_theta = _rope_theta(config)
     bias = layer.q_proj.bias is not None
     mha = MultiHeadAttention(d_model, h, bias=bias, rope=True, rope_base=rope_theta, rope_layout="half", num_kv_heads=kv)
+    if _rope_type(config) != "default":
+        mha.rope_inv_freq = inv_freq
     with torch.no_grad():
         for ours, theirs in [(mha.linear_q, layer.q_proj), (mha.linear_k, layer.k_proj),
                              (mha.linear_v, layer.v_proj), (mha.linear_out, layer.o_proj)]:
@@ -88,7 +97,7 @@ def mha_from_llama(layer: nn.Module, config) -> MultiHeadAttention:
 
 
 def _rope_type(config) -> str:
-    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    params = _rope_params(config)
     return str(params.get("rope_type", params.get("type", "default")) or "default")
 
 
@@ -98,6 +107,60 @@ def _rope_theta(config) -> float:
         params = getattr(config, "rope_parameters", None) or {}
         theta = params.get("rope_theta", 10000.0)
     return float(theta)
+
+
+def _rope_params(config) -> dict:
+    return getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+
+
+def llama_rope_frequencies(config) -> torch.Tensor:
+    r"""The float32 per-pair RoPE frequencies ``(head_dim // 2,)`` of a Llama config, from :mod:`helpers.rope`.
+
+    * ``"default"``: :func:`~helpers.rope.rope_frequencies` ``(head_dim, rope_theta)``;
+    * ``"linear"``: the same divided by ``factor`` (position interpolation, notebook 06);
+    * ``"llama3"``: :func:`~helpers.rope.llama3_frequencies` with ``factor``, ``low_freq_factor``,
+      ``high_freq_factor``, ``original_max_position_embeddings`` from ``config.rope_parameters``.
+
+    Raises:
+        ValueError: for another ``rope_type`` (naming :data:`SUPPORTED_ROPE_TYPES`), or a
+            ``partial_rotary_factor`` other than 1.
+    """
+    rope_type = _rope_type(config)
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(
+            f"config rope_type must be one of {SUPPORTED_ROPE_TYPES}, got {rope_type!r}: "
+            "its frequency or cos/sin scaling is not reproduced by MultiHeadAttention"
+        )
+    params = _rope_params(config)
+    if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise ValueError(f"partial_rotary_factor must be 1.0 (RoPE on the whole head), got {params['partial_rotary_factor']}")
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    theta = _rope_theta(config)
+    if rope_type == "default":
+        return rope_frequencies(head_dim, theta)
+    if rope_type == "linear":
+        return (rope_frequencies(head_dim, theta, dtype=torch.float64) / float(params["factor"])).float()
+    return llama3_frequencies(
+        head_dim, theta, factor=float(params["factor"]), low_freq_factor=float(params["low_freq_factor"]),
+        high_freq_factor=float(params["high_freq_factor"]),
+        original_max_position_embeddings=int(params["original_max_position_embeddings"]),
+    )
+
+
+def attn_implementation(config) -> Optional[str]:
+    """The attention kernel a ``transformers`` config selects (``"eager"``, ``"sdpa"``, ...).
+
+    ``transformers`` 5.24 stores it in the private property ``config._attn_implementation``
+    (``PreTrainedConfig``; the public ``set_attn_implementation`` on the model only writes it)
+    and offers no public getter, so this is the one place that reads it;
+    ``tests/test_huggingface.py`` fails loudly if the property disappears or changes meaning.
+    """
+    if not hasattr(config, "_attn_implementation"):
+        raise AttributeError(
+            f"{type(config).__name__} has no _attn_implementation: transformers changed how it records the attention "
+            "kernel; update helpers.hf.attn_implementation"
+        )
+    return config._attn_implementation
 
 
 def hf_permute_for_rope(w: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -128,7 +191,7 @@ class LlamaForHeads(nn.Module):
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         cfg = model.config
-        impl = getattr(cfg, "_attn_implementation", None)
+        impl = attn_implementation(cfg)
         if impl != "eager":
             raise ValueError(
                 f"model must use attn_implementation='eager' (got {impl!r}): fused kernels such as 'sdpa' "
@@ -172,3 +235,45 @@ class LlamaForHeads(nn.Module):
         if need_weights:
             self.attention_weights = [w.detach() for w in out.attentions]
         return out.logits
+
+
+@torch.no_grad()
+def generate_with_series_attention(model: nn.Module, tokens: torch.Tensor, max_new_tokens: int, use_cache: bool = True):
+    """Greedy decoding of a ``LlamaForCausalLM`` in which every ``self_attn`` is the series' attention.
+
+    Each layer runs ``x + MHA(input_layernorm(x))`` then ``x + mlp(post_attention_layernorm(x))``
+    (the order of ``LlamaDecoderLayer.forward``), where ``MHA`` is :func:`mha_from_llama` of that
+    layer; embedding, norms, MLP and ``lm_head`` are the model's own modules. With ``use_cache``
+    the MHAs share one :class:`~helpers.kvcache.KVCache` (prefill, then one token per step);
+    without it every step reruns the whole sequence with the causal mask.
+
+    Args:
+        model: a ``LlamaForCausalLM`` (any ``rope_type`` :func:`mha_from_llama` accepts).
+        tokens: ``(batch, prompt_len)`` token ids, prompt_len >= 1.
+        max_new_tokens: int >= 0.
+
+    Returns:
+        ``(tokens (batch, prompt_len + max_new_tokens), logits (batch, max_new_tokens, vocab))``.
+    """
+    from .kvcache import greedy_generate
+
+    inner, cfg = model.model, model.config
+    attns = [mha_from_llama(layer.self_attn, cfg).eval() for layer in inner.layers]
+
+    class _Series(nn.Module):
+        num_layers = len(attns)
+
+        def forward(self, toks, cache=None, need_weights=False):
+            x = inner.embed_tokens(toks)
+            n = toks.shape[1]
+            for l, layer in enumerate(inner.layers):
+                h = layer.input_layernorm(x)
+                if cache is None:
+                    a, _ = attns[l](h, mask=causal_mask(n, device=toks.device), need_weights=False)
+                else:
+                    a, _ = attns[l](h, cache=cache, layer_idx=l, need_weights=False)
+                x = x + a
+                x = x + layer.mlp(layer.post_attention_layernorm(x))
+            return model.lm_head(inner.norm(x))
+
+    return greedy_generate(_Series(), tokens, max_new_tokens, use_cache=use_cache, return_logits=True)

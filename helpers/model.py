@@ -163,13 +163,14 @@ class TransformerBlock(nn.Module):
         self.ff = nn.Sequential(nn.Linear(d_model, d_ff, bias=bias), nn.ReLU(), nn.Linear(d_ff, d_model, bias=bias))
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x, mask=None, head_mask=None, positions=None, need_weights=True):
+    def forward(self, x, mask=None, head_mask=None, positions=None, need_weights=True, cache=None, layer_idx=0):
+        kv = {} if cache is None else {"cache": cache, "layer_idx": layer_idx}  # KV-cache decoding (notebook 07 §6)
         if self.norm == "pre":
-            a, w = self.attn(self.ln1(x), mask=mask, head_mask=head_mask, need_weights=need_weights, positions=positions)
+            a, w = self.attn(self.ln1(x), mask=mask, head_mask=head_mask, need_weights=need_weights, positions=positions, **kv)
             x = x + self.drop(a)
             x = x + self.drop(self.ff(self.ln2(x)))
         else:
-            a, w = self.attn(x, mask=mask, head_mask=head_mask, need_weights=need_weights, positions=positions)
+            a, w = self.attn(x, mask=mask, head_mask=head_mask, need_weights=need_weights, positions=positions, **kv)
             x = self.ln1(x + self.drop(a))
             x = self.ln2(x + self.drop(self.ff(x)))
         return x, w
@@ -322,6 +323,7 @@ class TinyTransformer(nn.Module):
         positions: Optional[torch.Tensor] = None,
         offset: Union[int, float] = 0,
         need_weights: bool = True,
+        cache=None,
     ) -> torch.Tensor:
         r"""Logits for every position.
 
@@ -338,6 +340,10 @@ class TinyTransformer(nn.Module):
                 they started at position 5 (shift-invariance experiments of notebook 06).
             need_weights: record ``self.attention_weights`` (else the fused attention path
                 runs and the list is emptied).
+            cache: a :class:`helpers.kvcache.KVCache` with ``num_layers`` layers (causal models
+                only): ``tokens`` are the next tokens after the cached ones, at positions
+                ``cache.seq_len() + 0 .. seq-1`` (+ ``offset``) unless ``positions`` says otherwise;
+                their keys and values are appended to the cache (notebook 07 §6; :meth:`generate`).
 
         Returns:
             Logits ``(batch, seq, vocab_size)``.
@@ -354,6 +360,8 @@ class TinyTransformer(nn.Module):
                 f"[{int(tokens.min())}, {int(tokens.max())}]"
             )
         b, n = tokens.shape
+        if cache is not None and positions is None:  # KV-cache decoding: these tokens follow the cached ones
+            offset = offset + self._check_cache(cache)
         pos = self._positions(tokens, positions, offset)
         x = self.tok_emb(tokens)
         if self.pos == "learned":
@@ -377,13 +385,68 @@ class TinyTransformer(nn.Module):
         if self.pos == "alibi":  # the causal mask with ALiBi's linear distance penalty on the allowed scores
             p = pos if pos is not None else torch.arange(n, device=tokens.device)
             mask = alibi_bias(p, alibi_slopes(self.num_heads))  # (heads, n, n) or (batch, heads, n, n)
+        if cache is not None:
+            self._check_cache(cache)
+            mask = None  # cached_self_attention builds the causal mask over cached + new keys
         hm = None if head_mask is None else self._check_head_mask(head_mask, b)
         rope_pos = pos if self.pos == "rope" else None
         weights = []
         for l, block in enumerate(self.blocks):
             layer_hm = None if hm is None else (hm[l] if hm.dim() == 2 else hm[:, l])
-            x, w = block(x, mask=mask, head_mask=layer_hm, positions=rope_pos, need_weights=need_weights)
+            kv = {} if cache is None else {"cache": cache, "layer_idx": l}
+            x, w = block(x, mask=mask, head_mask=layer_hm, positions=rope_pos, need_weights=need_weights, **kv)
             if need_weights:
                 weights.append(w.detach())
         self.attention_weights = weights
         return self.head(self.ln_f(x))
+
+    # ------------------------------------------------------------------ decoding (notebook 07 §6)
+    def _check_cache(self, cache) -> int:
+        """Validate a KV cache for this model; return how many tokens it holds."""
+        from .kvcache import KVCache
+
+        if not isinstance(cache, KVCache):
+            raise TypeError(f"cache must be a helpers.kvcache.KVCache, got {type(cache).__name__}")
+        if not self.causal:
+            raise ValueError("cache needs causal=True: a KV cache is for left-to-right decoding")
+        if self.pos == "alibi":
+            raise ValueError("cache is not supported with pos='alibi' (its bias would need the cached positions)")
+        if cache.num_layers != self.num_layers:
+            raise ValueError(f"cache must have num_layers={self.num_layers} layers, got {cache.num_layers}")
+        return cache.seq_len(0)
+
+    def generate(self, tokens: torch.Tensor, max_new_tokens: int, use_cache: bool = True,
+                 return_logits: bool = False):
+        r"""Greedy decoding (:func:`helpers.kvcache.greedy_generate`): ``max_new_tokens`` times,
+        append the arg-max of the last position's logits.
+
+        ``use_cache=True`` fills a :class:`~helpers.kvcache.KVCache` with the prompt, then feeds
+        one token per step; ``use_cache=False`` reruns the whole sequence each step. Same tokens.
+
+        Args:
+            tokens: ``(batch, prompt_len)`` token ids, prompt_len >= 1.
+            max_new_tokens: int >= 0; ``prompt_len + max_new_tokens`` must not exceed ``max_len``
+                (the length the model was built for; the cache is sized by it).
+            use_cache: decode with the KV cache.
+            return_logits: also return the ``(batch, max_new_tokens, vocab_size)`` logits.
+
+        Returns:
+            ``(batch, prompt_len + max_new_tokens)`` token ids (and the logits).
+        """
+        from .kvcache import greedy_generate
+
+        if not self.causal:
+            raise ValueError("generate needs causal=True (a decoder-only model)")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        if isinstance(tokens, torch.Tensor) and tokens.dim() == 2 and tokens.shape[1] + max_new_tokens > self.max_len:
+            raise ValueError(
+                f"prompt length + max_new_tokens must be <= max_len={self.max_len}, got "
+                f"{tokens.shape[1]} + {max_new_tokens} = {tokens.shape[1] + max_new_tokens}"
+            )
+        was_training = self.training
+        self.eval()
+        try:
+            return greedy_generate(self, tokens, max_new_tokens, use_cache=use_cache, return_logits=return_logits)
+        finally:
+            self.train(was_training)

@@ -55,6 +55,7 @@ __all__ = [
     "interleaved_to_half_index",
     "RotaryEmbedding",
     "ntk_scaled_base",
+    "llama3_frequencies",
 ]
 
 LAYOUTS = ("interleaved", "half")
@@ -263,6 +264,77 @@ def ntk_scaled_base(base: float, scale: float, head_dim: int) -> float:
     return base * scale ** (head_dim / (head_dim - 2))
 
 
+def _check_frequencies(frequencies, head_dim: int) -> torch.Tensor:
+    if not isinstance(frequencies, torch.Tensor):
+        raise TypeError(f"frequencies must be a torch.Tensor, got {type(frequencies).__name__}")
+    if frequencies.shape != (head_dim // 2,):
+        raise ValueError(f"frequencies must have shape (head_dim // 2,) = ({head_dim // 2},), got {tuple(frequencies.shape)}")
+    if not frequencies.is_floating_point() or not bool(torch.isfinite(frequencies).all()):
+        raise ValueError("frequencies must be a finite floating-point tensor")
+    return frequencies
+
+
+def llama3_frequencies(
+    head_dim: int,
+    base: float = 500000.0,
+    factor: float = 8.0,
+    low_freq_factor: float = 1.0,
+    high_freq_factor: float = 4.0,
+    original_max_position_embeddings: int = 8192,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    r"""Llama 3.1's rescaled RoPE frequencies (``rope_type="llama3"``), per rotation pair.
+
+    With :math:`\theta_i = \text{base}^{-2i/d}` (:func:`rope_frequencies`), wavelength
+    :math:`\lambda_i = 2\pi/\theta_i`, :math:`L` = ``original_max_position_embeddings``,
+    :math:`s` = ``factor``, :math:`\alpha, \beta` = ``low_freq_factor``, ``high_freq_factor``:
+
+    .. math::
+        \theta'_i = \begin{cases}
+        \theta_i & \lambda_i < L/\beta \quad\text{(fast pairs: unchanged)}\\
+        \theta_i / s & \lambda_i > L/\alpha \quad\text{(slow pairs: position interpolation)}\\
+        (1-\gamma_i)\,\theta_i/s + \gamma_i\,\theta_i, \ \gamma_i = \dfrac{L/\lambda_i - \alpha}{\beta-\alpha} & \text{otherwise}
+        \end{cases}
+
+    Pairs that turn fewer than :math:`\alpha` times over the original context are
+    interpolated by :math:`s` (notebook 06), pairs that turn more than :math:`\beta` times are
+    left alone, and those in between are blended linearly in :math:`L/\lambda_i`. Meta's
+    Llama 3.1 reference code (``apply_scaling`` in ``meta-llama/llama-models``) with
+    :math:`s=8, \alpha=1, \beta=4, L=8192`; the original Llama 3 (8B, 70B) used plain RoPE
+    with base 500000. Same rule as ``_compute_llama3_parameters`` in ``transformers``'
+    ``modeling_rope_utils.py`` (5.24.0).
+
+    Args:
+        head_dim: :math:`d`, even.
+        base: RoPE base (500000 in Llama 3).
+        factor: :math:`s > 0`.
+        low_freq_factor, high_freq_factor: :math:`0 < \alpha < \beta`.
+        original_max_position_embeddings: :math:`L` >= 1, the pre-training context.
+        dtype: float32 (default) or float64.
+
+    Returns:
+        ``(head_dim // 2,)`` frequencies, computed in float64 and rounded once to ``dtype``.
+    """
+    _check_head_dim(head_dim)
+    base = _check_base(base)
+    factor = _check_scale(factor, "factor")
+    low = _check_scale(low_freq_factor, "low_freq_factor")
+    high = _check_scale(high_freq_factor, "high_freq_factor")
+    if not low < high:
+        raise ValueError(f"low_freq_factor must be < high_freq_factor, got {low} and {high}")
+    L = original_max_position_embeddings
+    if isinstance(L, bool) or not isinstance(L, int) or L < 1:
+        raise ValueError(f"original_max_position_embeddings must be an int >= 1, got {L!r}")
+    theta = rope_frequencies(head_dim, base, dtype=torch.float64)
+    wavelen = 2 * math.pi / theta
+    gamma = (L / wavelen - low) / (high - low)
+    blended = (1 - gamma) * theta / factor + gamma * theta
+    out = torch.where(wavelen < L / high, theta, torch.where(wavelen > L / low, theta / factor, blended))
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"dtype must be torch.float32 or torch.float64 (angles need it), got {dtype}")
+    return out.to(dtype)
+
+
 # ------------------------------------------------------------------ the matrix form
 def rotation_matrix(
     position: Union[int, float],
@@ -424,6 +496,7 @@ def apply_rope(
     *,
     scale: float = 1.0,
     ntk_scale: float = 1.0,
+    frequencies: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     r"""Rotate ``x`` by RoPE with the element-wise form (RoFormer eq. 34).
 
@@ -470,6 +543,9 @@ def apply_rope(
             ``scale`` (> 0; 1 = off). ``scale = L'/L`` maps positions ``0 .. L'-1`` into ``[0, L)``.
         ntk_scale: NTK-aware scaling (bloc97 2023): ``base`` is replaced by
             :func:`ntk_scaled_base` ``(base, ntk_scale, head_dim)`` (> 0; 1 = off).
+        frequencies: optional ``(head_dim // 2,)`` tensor of per-pair frequencies
+            :math:`\theta_i` replacing ``base ** (-2i/d)`` (``base`` is then unused), e.g.
+            :func:`llama3_frequencies`; cast to the angle dtype. Not combinable with ``ntk_scale``.
 
     Returns:
         Tensor of the shape and dtype of ``x``. Angles are computed in float32 (float64
@@ -481,7 +557,19 @@ def apply_rope(
     seq, d = x.shape[-2], x.shape[-1]
     adt = _angle_dtype(x.dtype)
     if ntk_scale != 1.0:
+        if frequencies is not None:
+            raise ValueError("frequencies and ntk_scale cannot be combined (both set the frequencies); pass one")
         base = ntk_scaled_base(base, _check_scale(ntk_scale, "ntk_scale"), d)  # NTK-aware: base' = base * s^(d/(d-2))
+    if frequencies is not None:  # given per-pair frequencies (e.g. Llama 3.1's rescaled ones): angles m * theta_i
+        theta = _check_frequencies(frequencies, d).to(device=x.device, dtype=adt)
+        pos = _positions_tensor(positions, seq, x.device, adt)
+        if scale != 1.0:
+            pos = pos / _check_scale(scale, "scale")
+        angle = pos[..., None] * theta
+        cos, sin = torch.cos(angle), torch.sin(angle)
+        if layout == "interleaved" and _complex_viewable(x):
+            return _rotate_complex(x, torch.complex(cos, sin))
+        return _rotate(x, cos, sin, layout)
     if scale != 1.0:
         positions = _positions_tensor(positions, seq, x.device, adt, x.shape) / _check_scale(scale, "scale")  # PI: m -> m/s
     if positions is None:
