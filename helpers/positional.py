@@ -11,13 +11,20 @@ Taught in ``notebooks/06_positional_encodings_compared.ipynb``, which trains one
 What is here:
 
 * :class:`PairRecallTask` -- associative recall with each key-value pair in *one* token:
-  a content task that one layer solves without any position information.
+  a content task that one layer solves without any position information (defined in
+  :mod:`helpers.tasks`, re-exported here).
 * :func:`rope_attention_modules`, :func:`use_rope_base` -- find the RoPE attention modules
   of a model and temporarily change their base (NTK-aware scaling, bloc97 2023, with
   :func:`helpers.rope.ntk_scaled_base`).
 * :func:`init_position_table_` -- re-draw a learned position table from
-  :math:`\mathcal N(0, \sigma^2)` with an explicit generator (GPT-2 uses :math:`\sigma = 0.02`;
-  ``nn.Embedding``'s default, which ``TinyTransformer`` keeps, is :math:`\sigma = 1`).
+  :math:`\mathcal N(0, \sigma^2)` with an explicit generator (GPT-2's released code draws its
+  position table ``wpe`` with :math:`\sigma = 0.01` and its token table ``wte`` with 0.02;
+  0.02 is Hugging Face's ``GPT2Config.initializer_range``, used there for both tables; ``nn.Embedding``'s
+  default, which ``TinyTransformer`` keeps, is :math:`\sigma = 1`).
+* :func:`position_similarity` -- cosine similarity between the rows of a position table
+  (what a trained learned table holds: neighbours similar, far positions not).
+* :func:`shift_angles` -- how far a shift by ``c`` turns each (sin, cos) pair of the
+  sinusoidal table, wrapped to :math:`(-\pi, \pi]` (aliasing of the fast pairs).
 * :func:`interpolated_positions` -- the positions of position interpolation (Chen et al.
   2023): :math:`m \mapsto m / s`, passed to ``model(tokens, positions=...)``.
 * :func:`accuracy_by_position` -- accuracy at each position of the sequence (where
@@ -29,7 +36,7 @@ What is here:
   shows (precomputed once, deterministically).
 
 Papers: Vaswani et al. 2017 (sinusoidal and learned embeddings, sec. 3.5, Table 3 row E);
-Su et al. 2021 (RoPE); Press et al. 2022 (ALiBi: extrapolation of sinusoidal and rotary);
+Su et al. 2021 (RoPE); Press et al. 2022 (ALiBi, ``TinyTransformer(pos="alibi")``; extrapolation of sinusoidal and rotary);
 Kazemnejad et al. 2023 (NoPE); Chen et al. 2023 (position interpolation); bloc97 2023 and
 Peng et al. 2023 (NTK-aware scaling, YaRN).
 """
@@ -47,7 +54,7 @@ from torch import nn
 from .attention import MultiHeadAttention
 from .heads import attention_at_offset
 from .rope import _check_base
-from .tasks import IGNORE_INDEX, AssociativeRecallTask
+from .tasks import IGNORE_INDEX, PairRecallTask  # PairRecallTask lives in helpers.tasks; re-exported here
 from .train import evaluate
 
 __all__ = [
@@ -55,6 +62,8 @@ __all__ = [
     "rope_attention_modules",
     "use_rope_base",
     "init_position_table_",
+    "position_similarity",
+    "shift_angles",
     "interpolated_positions",
     "accuracy_by_position",
     "steps_to_accuracy",
@@ -63,49 +72,6 @@ __all__ = [
 ]
 
 Data = tuple[torch.Tensor, torch.Tensor]
-
-
-# ------------------------------------------------------------------------- task
-class PairRecallTask(AssociativeRecallTask):
-    r"""Associative recall with one token per key-value pair: a pure *content* task.
-
-    Full input ``p_1 .. p_m  q_1 .. q_r``: ``m`` pair tokens, each naming a key and its value
-    (keys distinct, drawn from ``num_keys``; values random from ``num_values``), then ``r``
-    query tokens, each naming one of the stored keys (distinct queries when ``r <= m``, else
-    drawn with replacement). The target at query :math:`q_j` is the value stored with that key.
-
-    Token ids: pair ``(key a, value b)`` is ``a * V + b``; query for key ``a`` is ``K V + a``;
-    answer ``b`` is ``K V + K + b`` (``K = num_keys``, ``V = num_values``), so
-    ``vocab_size = K V + K + V`` and ``seq_len = m + r``. Printed as ``a=b``, ``?a``, ``=b``.
-
-    The answer depends only on *which* tokens occurred, not on where: one attention layer
-    solves it by matching the query's key with the pair tokens' keys, with or without
-    positions. The draws are those of :class:`~helpers.tasks.AssociativeRecallTask` (same
-    arguments, same seed, same facts and questions), repacked: there key and value are
-    separate tokens, which needs the relation "next to" and two layers; here nothing
-    positional is required. Lengths beyond training come from more queries over the same
-    ``m`` pairs.
-    """
-
-    def __init__(self, num_keys: int = 8, num_values: int = 4, num_pairs: int = 6, num_queries: int = 10) -> None:
-        super().__init__(num_keys, num_values, num_pairs, num_queries)
-        self.name = "pair-recall"
-        self.vocab_size = num_keys * num_values + num_keys + num_values
-        self.seq_len = num_pairs + num_queries
-
-    def token_names(self) -> list[str]:
-        K, V = self.num_keys, self.num_values
-        return [f"{a}={b}" for a in range(K) for b in range(V)] + [f"?{a}" for a in range(K)] + [f"={b}" for b in range(V)]
-
-    def _generate(self, n, g):
-        K, V, m = self.num_keys, self.num_values, self.num_pairs
-        x, y = super()._generate(n, g)  # k_1 v_1 .. k_m v_m q_1 a_1 .. q_r (values and answers offset by K)
-        keys, values = x[:, 0 : 2 * m : 2], x[:, 1 : 2 * m : 2] - K
-        queries, answers = x[:, 2 * m :: 2], y[:, 2 * m :: 2] - K
-        inputs = torch.cat([keys * V + values, K * V + queries], dim=1)
-        targets = torch.full_like(inputs, IGNORE_INDEX)
-        targets[:, m:] = K * V + K + answers
-        return inputs, targets
 
 
 # ------------------------------------------------------------------------- RoPE knobs
@@ -160,8 +126,9 @@ def init_position_table_(model: nn.Module, std: float, generator: torch.Generato
 
     ``TinyTransformer(pos="learned")`` keeps ``nn.Embedding``'s default :math:`\sigma = 1`, so
     every position vector starts as large as a token embedding; GPT-2 (Radford et al. 2019,
-    released code) draws its table with :math:`\sigma = 0.02`, near zero. Rows that are never
-    trained keep whatever is drawn here.
+    released code ``openai/gpt-2`` ``src/model.py``) draws its position table ``wpe`` with
+    :math:`\sigma = 0.01` (and its token table ``wte`` with 0.02), near zero. Rows that are
+    never trained keep whatever is drawn here.
 
     Args:
         model: a module with a ``pos_emb`` ``nn.Embedding`` (``TinyTransformer(pos="learned")``);
@@ -210,6 +177,60 @@ def interpolated_positions(seq_len: int, scale: float) -> torch.Tensor:
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale must be a finite number > 0 (L'/L), got {scale!r}")
     return torch.arange(seq_len, dtype=torch.float64).div(scale).to(torch.float32)
+
+
+@torch.no_grad()
+def position_similarity(table: torch.Tensor) -> torch.Tensor:
+    r"""Cosine similarity between every pair of rows of a position table.
+
+    .. math:: S_{mn} = \frac{\mathbf P_m^\top \mathbf P_n}{\lVert \mathbf P_m \rVert\,\lVert \mathbf P_n \rVert}
+
+    A table whose rows are independent random vectors gives :math:`S \approx I` (off-diagonal
+    entries of order :math:`1/\sqrt d`); a trained table shows which positions it treats as
+    alike (e.g. a band: neighbours similar).
+
+    Args:
+        table: ``(positions, d)`` float tensor (e.g. ``model.pos_emb.weight[:L]``).
+
+    Returns:
+        ``(positions, positions)`` float64 tensor with ones on the diagonal.
+    """
+    if not isinstance(table, torch.Tensor) or table.dim() != 2 or not table.is_floating_point():
+        raise ValueError(f"table must be a 2-D float tensor (positions, d), got "
+                         f"{tuple(table.shape) if isinstance(table, torch.Tensor) else type(table).__name__}")
+    t = table.detach().to(torch.float64)
+    norms = t.norm(dim=1)
+    if bool((norms == 0).any()):
+        raise ValueError("table has an all-zero row: its cosine similarity is undefined")
+    u = t / norms[:, None]
+    return u @ u.T
+
+
+def shift_angles(offset: float, d_model: int, base: float = 10000.0) -> torch.Tensor:
+    r"""The angle by which a shift of every position by ``offset`` turns each (sin, cos) pair of the sinusoidal table.
+
+    Pair :math:`i` of :math:`\mathbf p_m` is :math:`(\sin m\omega_i, \cos m\omega_i)` with
+    :math:`\omega_i = \text{base}^{-2i/d}`; :math:`\mathbf p_{m+c}` turns it by :math:`c\,\omega_i`. What
+    the network sees is that angle modulo :math:`2\pi`, returned wrapped to :math:`(-\pi, \pi]`: a
+    fast pair whose :math:`c\,\omega_i` is close to a whole number of turns looks almost unshifted
+    (aliasing).
+
+    Args:
+        offset: the shift :math:`c` (a finite number).
+        d_model: even width :math:`d` of the table.
+        base: 10000 in Vaswani et al. (2017).
+
+    Returns:
+        float64 tensor ``(d_model // 2,)``, pair 0 (fastest) first.
+    """
+    if isinstance(offset, bool) or not isinstance(offset, (int, float)) or not math.isfinite(offset):
+        raise ValueError(f"offset must be a finite number, got {offset!r}")
+    if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 2 or d_model % 2:
+        raise ValueError(f"d_model must be an even int >= 2, got {d_model!r}")
+    base = _check_base(base)
+    omega = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    a = torch.remainder(offset * omega + math.pi, 2 * math.pi) - math.pi  # [-pi, pi)
+    return torch.where(a == -math.pi, torch.full_like(a, math.pi), a)
 
 
 # ------------------------------------------------------------------------- metrics

@@ -369,3 +369,49 @@ def make_task(name: str, **kwargs) -> Task:
         tasks = kwargs.pop("tasks", None) or [LookbackTask(seq_len=15, k=2), AssociativeRecallTask()]
         return MixedTask(tasks, **kwargs)
     raise ValueError(f"name must be one of ('copy', 'reverse', 'lookback', 'recall', 'mixed'), got {name!r}")
+
+
+# ------------------------------------------------------------------------- notebook 06
+class PairRecallTask(AssociativeRecallTask):
+    r"""Associative recall with one token per key-value pair: a pure *content* task.
+
+    Full input ``p_1 .. p_m  q_1 .. q_r``: ``m`` pair tokens, each naming a key and its value
+    (keys distinct, drawn from ``num_keys``; values random from ``num_values``), then ``r``
+    query tokens, each naming one of the stored keys (distinct queries when ``r <= m``, else
+    drawn with replacement). The target at query :math:`q_j` is the value stored with that key.
+
+    Token ids: pair ``(key a, value b)`` is ``a * V + b``; query for key ``a`` is ``K V + a``;
+    answer ``b`` is ``K V + K + b`` (``K = num_keys``, ``V = num_values``), so
+    ``vocab_size = K V + K + V`` and ``seq_len = m + r``. Printed as ``a=b``, ``?a``, ``=b``.
+
+    The answer depends only on *which* tokens occurred, not on where: one attention layer
+    solves it by matching the query's key with the pair tokens' keys, with or without
+    positions. The draws are those of :class:`~helpers.tasks.AssociativeRecallTask` (same
+    arguments, same seed, same facts and questions), repacked: there key and value are
+    separate tokens, which needs the relation "next to" and two layers; here nothing
+    positional is required. Lengths beyond training come from more queries over the same
+    ``m`` pairs.
+    """
+
+    def __init__(self, num_keys: int = 8, num_values: int = 4, num_pairs: int = 6, num_queries: int = 10) -> None:
+        super().__init__(num_keys, num_values, num_pairs, num_queries)
+        self.name = "pair-recall"
+        self.vocab_size = num_keys * num_values + num_keys + num_values
+        self.seq_len = num_pairs + num_queries
+
+    def token_names(self) -> list[str]:
+        K, V = self.num_keys, self.num_values
+        return [f"{a}={b}" for a in range(K) for b in range(V)] + [f"?{a}" for a in range(K)] + [f"={b}" for b in range(V)]
+
+    def _generate(self, n, g):
+        K, V, m = self.num_keys, self.num_values, self.num_pairs
+        x, y = super()._generate(n, g)  # k_1 v_1 .. k_m v_m q_1 a_1 .. q_r (values and answers offset by K)
+        keys, values = x[:, 0 : 2 * m : 2], x[:, 1 : 2 * m : 2] - K
+        queries, answers = x[:, 2 * m :: 2], y[:, 2 * m :: 2] - K
+        inputs = torch.cat([keys * V + values, K * V + queries], dim=1)
+        targets = torch.full_like(inputs, IGNORE_INDEX)
+        targets[:, m:] = K * V + K + answers
+        return inputs, targets
+
+
+__all__ += ["PairRecallTask"]

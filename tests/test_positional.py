@@ -23,7 +23,9 @@ from helpers.positional import (
     accuracy_by_position,
     init_position_table_,
     interpolated_positions,
+    position_similarity,
     rope_attention_modules,
+    shift_angles,
     shift_length_grid,
     steps_to_accuracy,
     use_rope_base,
@@ -394,3 +396,63 @@ def test_init_position_table_errors(kwargs, exc, msg):
     args.update(kwargs)
     with pytest.raises(exc, match=msg):
         init_position_table_(args["model"], args["std"], args["generator"])
+
+
+# ---------------------------------------------------------------- position_similarity, shift_angles
+def test_position_similarity_against_a_loop():
+    t = torch.randn(7, 5, generator=torch.Generator().manual_seed(0))
+    s = position_similarity(t)
+    assert s.shape == (7, 7) and s.dtype == F64
+    for m in range(7):
+        for n in range(7):
+            a, b = t[m].double(), t[n].double()
+            assert abs(s[m, n].item() - (a @ b / (a.norm() * b.norm())).item()) < 1e-12
+    # a sinusoidal table: S depends on m - n only (it is a sum of cosines of (m - n) w_i)
+    pe = sinusoidal_encoding(20, 16).double()
+    sp = position_similarity(pe)
+    torch.testing.assert_close(sp[3:, 3:], sp[:-3, :-3])
+
+
+@pytest.mark.parametrize("bad, msg", [
+    (torch.zeros(3), r"table must be a 2-D float tensor \(positions, d\), got \(3,\)"),
+    (torch.zeros(3, 2, dtype=torch.long), r"table must be a 2-D float tensor"),
+    (torch.zeros(3, 2), r"table has an all-zero row"),
+])
+def test_position_similarity_errors(bad, msg):
+    with pytest.raises(ValueError, match=msg):
+        position_similarity(bad)
+
+
+@given(c=st.integers(-2000, 2000), half=st.integers(1, 16))
+@FAST
+def test_shift_angles_turn_the_sinusoidal_pairs(c, half):
+    d = 2 * half
+    a = shift_angles(c, d)
+    assert a.shape == (half,) and bool((a > -math.pi).all()) and bool((a <= math.pi).all())
+    # reference: the angle from pair (sin, cos)(m w) to pair (sin, cos)((m + c) w), read with atan2
+    m = 3
+    p0, p1 = sinusoidal_encoding(torch.tensor([m]), d).double()[0], sinusoidal_encoding(torch.tensor([m + c]), d).double()[0]
+    for i in range(half):
+        z0 = complex(p0[2 * i + 1].item(), p0[2 * i].item())  # cos + i sin = exp(i m w)
+        z1 = complex(p1[2 * i + 1].item(), p1[2 * i].item())
+        ref = math.atan2((z1 / z0).imag, (z1 / z0).real)
+        diff = (a[i].item() - ref + math.pi) % (2 * math.pi) - math.pi
+        assert abs(diff) < 1e-4  # float32 table entries
+
+
+def test_shift_angles_values_and_errors():
+    torch.testing.assert_close(shift_angles(100, 32)[:3], torch.tensor([-0.5310, -0.3145, 0.2069], dtype=F64), atol=1e-4, rtol=0)
+    torch.testing.assert_close(shift_angles(10, 32)[:3], torch.tensor([-2.5664, -0.6598, -3.1209], dtype=F64), atol=1e-4, rtol=0)
+    assert shift_angles(math.pi, 2).item() == math.pi  # the wrap is (-pi, pi]
+    with pytest.raises(ValueError, match=r"offset must be a finite number, got inf"):
+        shift_angles(float("inf"), 4)
+    with pytest.raises(ValueError, match=r"d_model must be an even int >= 2, got 5"):
+        shift_angles(1, 5)
+
+
+def test_pair_recall_task_lives_in_tasks_and_is_re_exported():
+    import helpers
+    import helpers.tasks
+
+    assert PairRecallTask is helpers.tasks.PairRecallTask is helpers.PairRecallTask
+    assert "PairRecallTask" in helpers.tasks.__all__
