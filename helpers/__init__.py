@@ -7,7 +7,9 @@ Modules
 -------
 * :mod:`helpers.rope` -- rotary position embedding (notebooks 01, 02).
 * :mod:`helpers.attention` -- scaled dot-product and multi-head attention (notebook 03).
-* :mod:`helpers.check` -- ``check_mha``: diagnoses a learner's MHA (notebook 03).
+* :mod:`helpers.check` -- ``diagnose``: the shared engine of the diagnosing checkers
+  (planted mistakes, several test inputs); ``check_mha`` on it diagnoses a learner's MHA
+  (notebook 03), ``planted_bug_symptoms`` tabulates what it reports for each planted bug.
 * :mod:`helpers.model`, :mod:`helpers.tasks`, :mod:`helpers.train` -- the tiny transformer,
   synthetic tasks and training loop (taught in 03, used by 04-06).
 * :mod:`helpers.regularization` -- dropout, label smoothing, penalties, calibration (notebook 04).
@@ -49,7 +51,10 @@ from .tasks import (
 )
 from .train import TrainResult, cross_entropy_loss, evaluate, train
 from .positional import PairRecallTask, use_rope_base
-from .check import BUG_MESSAGES, PLANTED_BUGS, SCAFFOLD, MHACheck, NotesMHA, check_mha
+from .check import (
+    BUG_MESSAGES, PLANTED_BUGS, SCAFFOLD, CheckResult, MHACheck, NotesMHA, PlantedMistake, Reject, TestInput,
+    check_mha, diagnose, planted_bug_symptoms,
+)
 from .heads import (
     PruningCurve,
     TwoPositionTask,
@@ -82,6 +87,7 @@ __all__ = [
     "TrainResult", "cross_entropy_loss", "evaluate", "train",
     # check
     "BUG_MESSAGES", "PLANTED_BUGS", "SCAFFOLD", "MHACheck", "NotesMHA", "check_mha",
+    "CheckResult", "PlantedMistake", "Reject", "TestInput", "diagnose", "planted_bug_symptoms",
     # heads
     "PruningCurve", "TwoPositionTask", "ablation_importance", "attention_at_offset", "attention_entropy",
     "attention_maps", "head_importance", "head_outputs", "head_similarity", "induction_score", "label_heads",

@@ -1,36 +1,57 @@
-r"""The "write MHA from memory" exercise: a checker that diagnoses the usual mistakes.
+r"""Diagnosing checkers for the exercises: a small shared engine, and the MHA checker built on it.
 
-Used in section 8 of ``notebooks/03_mha_from_scratch.ipynb``: the learner fills in a
-class with the interface of :data:`SCAFFOLD`, then ``check_mha(MyMHA)`` runs it against
-the reference :class:`helpers.attention.MultiHeadAttention` with the same weights and,
-when the numbers differ, names the mistake by re-running the learner's weights through
-each planted bug (:data:`PLANTED_BUGS`) and reporting the one that reproduces the
-learner's output exactly.
+The engine (:func:`diagnose`) is what every "write it from memory" exercise of the series
+uses. It takes
 
-The interface the checker expects (the one of the study notes):
+* the learner's function and a **reference** function, with the same signature;
+* a list of **planted mistakes** (:class:`PlantedMistake`): each a copy of the reference
+  with exactly one classic error, a name, and the advice to print;
+* a list of **test inputs** (:class:`TestInput`) of several shapes (odd lengths, a batch of
+  one, ``Lq != Lk``, a second width, ...);
+
+and returns a :class:`CheckResult`: PASS when the learner's results equal the reference's on
+every input; otherwise the planted mistake whose results the learner's reproduce on *every*
+input (an exception counts as a result: raising the same exception type on the same inputs
+reproduces it); otherwise the first input where they differ and by how much. An exception
+raised by the learner's code is reported in a FAIL message, never raised.
+
+The MHA exercise of section 8 of ``notebooks/03_mha_from_scratch.ipynb``: the learner fills
+in a class with the interface of :data:`SCAFFOLD`, then ``check_mha(MyMHA)`` runs it
+against the reference :class:`helpers.attention.MultiHeadAttention` with the same weights,
+and names the mistake among :data:`PLANTED_BUGS` when they differ.
+
+The interface the MHA checker expects (the one of the study notes):
 
 * ``cls(d_model, num_heads)`` builds the module;
 * attributes ``linear_q``, ``linear_k``, ``linear_v``, ``linear_out``, each
   ``nn.Linear(d_model, d_model)`` (with or without bias);
-* ``forward(query, key, value, mask=None)`` with batch-first ``(batch, seq, d_model)``
-  inputs and a bool ``mask`` ``(seq_q, seq_k)`` that is **True where attention is
-  allowed**; it returns the output ``(batch, seq_q, d_model)`` or a tuple whose first
-  element is the output.
+* ``forward(query, key, value, mask=None)`` with batch-first inputs, ``query``
+  ``(batch, seq_q, d_model)`` and ``key``/``value`` ``(batch, seq_k, d_model)``
+  (cross-attention when ``seq_q != seq_k``), and a bool ``mask`` that is **True where
+  attention is allowed**, broadcastable to the scores ``(batch, heads, seq_q, seq_k)``:
+  a causal ``(seq_q, seq_k)`` mask or a key-padding ``(batch, 1, 1, seq_k)`` mask;
+* it returns ``(output, weights)``: ``output`` ``(batch, seq_q, d_model)`` and the
+  per-head attention weights ``(batch, heads, seq_q, seq_k)``, as
+  ``nn.MultiheadAttention(..., average_attn_weights=False)`` returns them. A bare output
+  tensor, or ``None`` for the weights, is diagnosed as weights not returned.
 
 Paper: Vaswani et al. (2017), sec. 3.2.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch import nn
 
 from .attention import MultiHeadAttention, causal_mask
 
-__all__ = ["SCAFFOLD", "NotesMHA", "PLANTED_BUGS", "BUG_MESSAGES", "MHACheck", "check_mha"]
+__all__ = [
+    "Reject", "TestInput", "PlantedMistake", "CheckResult", "diagnose",
+    "SCAFFOLD", "NotesMHA", "PLANTED_BUGS", "BUG_MESSAGES", "MHACheck", "check_mha", "planted_bug_symptoms",
+]
 
 SCAFFOLD = '''\
 class MyMHA(nn.Module):
@@ -66,7 +87,8 @@ class NotesMHA(nn.Module):
 
     ``linear -> view(B, L, h, d_k).transpose(1, 2) -> softmax(QK^T / sqrt(d_k), masked) V
     -> transpose(1, 2).contiguous().view(B, L, d_model) -> linear_out``. Each step is a
-    method so that the planted bugs (:data:`PLANTED_BUGS`) override exactly one of them.
+    method so that the planted bugs (:data:`PLANTED_BUGS`) override exactly one of them
+    (``kv_inputs``, ``split_kv`` and ``returned_weights`` exist only for that).
     """
 
     def __init__(self, d_model: int, num_heads: int) -> None:
@@ -98,16 +120,29 @@ class NotesMHA(nn.Module):
     def project(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_out(x)
 
+    def kv_inputs(self, query, key, value):
+        """What ``linear_k`` and ``linear_v`` read: ``key`` and ``value``."""
+        return key, value
+
+    def split_kv(self, x: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+        """Keys and values are split like the queries, with their own length ``Lk``."""
+        return self.split(x)
+
+    def returned_weights(self, weights: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """The weights ``forward`` returns: the softmax probabilities, per head."""
+        return weights
+
     def forward(self, query, key, value, mask=None):
+        key, value = self.kv_inputs(query, key, value)
         q = self.split(self.linear_q(query))
-        k = self.split(self.linear_k(key))
-        v = self.split(self.linear_v(value))
+        k = self.split_kv(self.linear_k(key), query)
+        v = self.split_kv(self.linear_v(value), query)
         scores = self.scores(q, k)
         if mask is not None:
             scores = self.apply_mask(scores, mask)
         weights = self.softmax(scores)
         out = self.merge(weights @ v)
-        return self.project(out), weights
+        return self.project(out), self.returned_weights(weights, scores)
 
 
 # ------------------------------------------------------------------ planted bugs
@@ -184,6 +219,35 @@ class MissingOutputProjection(NotesMHA):
         return x
 
 
+class KVSplitWithQueryLength(NotesMHA):
+    """Bug: keys and values split with the query's length, ``view(B, Lq, h, d_k)``: right only when ``Lq == Lk``."""
+
+    def split_kv(self, x, query):
+        B, Lq = query.shape[:2]
+        return x.view(B, Lq, self.h, self.d_k).transpose(1, 2)
+
+
+class KeysValuesFromQuery(NotesMHA):
+    """Bug: ``linear_k`` and ``linear_v`` applied to the query (self-attention only), not to ``key``/``value``."""
+
+    def kv_inputs(self, query, key, value):
+        return query, query
+
+
+class WeightsNotReturned(NotesMHA):
+    """Bug: ``forward`` returns the output alone, or ``(output, None)``, instead of ``(output, weights)``."""
+
+    def returned_weights(self, weights, scores):
+        return None
+
+
+class ScoresReturnedAsWeights(NotesMHA):
+    """Bug: the scaled scores (before the softmax) are returned as the attention weights."""
+
+    def returned_weights(self, weights, scores):
+        return scores
+
+
 #: name -> a NotesMHA subclass with exactly that mistake (the order is the order tried).
 PLANTED_BUGS: dict[str, type] = {
     "missing_scale": MissingScale,
@@ -196,6 +260,10 @@ PLANTED_BUGS: dict[str, type] = {
     "missing_output_projection": MissingOutputProjection,
     "mask_inverted": MaskInverted,
     "mask_ignored": MaskIgnored,
+    "kv_split_with_query_length": KVSplitWithQueryLength,
+    "keys_values_from_query": KeysValuesFromQuery,
+    "weights_not_returned": WeightsNotReturned,
+    "scores_returned_as_weights": ScoresReturnedAsWeights,
 }
 
 BUG_MESSAGES: dict[str, str] = {
@@ -244,99 +312,419 @@ BUG_MESSAGES: dict[str, str] = {
         "The mask has no effect: the output equals the unmasked one. masked_fill is not in-place; "
         "assign its result: scores = scores.masked_fill(~mask, float('-inf'))."
     ),
+    "kv_split_with_query_length": (
+        "Keys and values split with the query's length: view(B, Lq, num_heads, d_k) only works "
+        "when Lq == Lk, so cross-attention (keys from another sequence) breaks. Split each tensor "
+        "with its own length: x.view(B, -1, num_heads, d_k) (or key.size(1) for k and v)."
+    ),
+    "keys_values_from_query": (
+        "Keys and values computed from the query: linear_k and linear_v must read key and value "
+        "(q = linear_q(query), k = linear_k(key), v = linear_v(value)); they coincide only in "
+        "self-attention, when the same tensor is passed three times."
+    ),
+    "weights_not_returned": (
+        "Weights not returned: forward must return (output, weights), with weights the softmax "
+        "probabilities per head, shape (batch, heads, seq_q, seq_k), as "
+        "nn.MultiheadAttention(..., average_attn_weights=False) returns them."
+    ),
+    "scores_returned_as_weights": (
+        "The scores are returned as weights: return the softmax probabilities (each row sums to 1 "
+        "over the keys), not the scaled scores QK^T/sqrt(d_k) before the softmax."
+    ),
 }
 
 
-@dataclass
-class MHACheck:
-    """Result of :func:`check_mha`.
+# -------------------------------------------------------------------- the engine
+class Reject(Exception):
+    """Raised by a wrapper around the learner's code to report a precise problem.
+
+    ``kind`` becomes the result's ``diagnosis`` (e.g. ``"interface"``, ``"shape"``) and
+    ``message`` follows ``FAIL <input label>:`` in the report; ``diff`` is the result's
+    ``max_abs_diff``. Like any exception, a planted mistake reproduces it by raising a
+    :class:`Reject` of the same kind on the same inputs.
+    """
+
+    def __init__(self, kind: str, message: str, diff: float = 0.0) -> None:
+        super().__init__(message)
+        self.kind, self.message, self.diff = kind, message, diff
+
+
+@dataclass(frozen=True)
+class TestInput:
+    """One input to check on: ``fn(*args)`` is called for the learner, the reference and each mistake.
 
     Attributes:
-        passed: True if the outputs match the reference with and without a causal mask.
-        diagnosis: the name of the planted bug that reproduces the learner's output
-            (a key of :data:`PLANTED_BUGS`), ``"interface"`` for a wrong interface,
-            ``"shape"`` for a wrong output shape, ``"unknown"`` when no bug matches, or None.
-        message: a readable verdict (print it).
-        max_abs_diff: the largest difference from the reference in the failing case.
+        label: how the report names this input (``"with a causal mask"``).
+        args: the positional arguments.
+        call: how the report names the call when the learner's code raises
+            (``"forward(query, key, value)"``).
+    """
+
+    __test__ = False  # not a pytest test class, whatever its name
+
+    label: str
+    args: tuple
+    call: str = "your function"
+
+
+@dataclass(frozen=True)
+class PlantedMistake:
+    """A copy of the reference with exactly one classic mistake.
+
+    Attributes:
+        name: the diagnosis reported when the learner's results equal ``fn``'s on every input.
+        fn: the mistaken function, with the reference's signature.
+        advice: what to print after the symptom: the mistake and its fix.
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    advice: str
+
+
+@dataclass
+class CheckResult:
+    """What :func:`diagnose` (and :func:`check_mha`) return; ``print`` it.
+
+    Attributes:
+        passed: True if the results equal the reference's on every input.
+        diagnosis: None when passed; else the name of the planted mistake reproduced, a
+            :class:`Reject` kind (``"interface"``, ``"shape"``), the kind given for an
+            exception (``"exception"``, or ``"interface"`` for :func:`check_mha`),
+            ``"shape"`` for a result of the wrong shape, or ``"unknown"``.
+        message: the verdict: ``PASS ...`` or ``FAIL <input> (<difference>). <advice>``.
+        max_abs_diff: the largest difference from the reference on the failing input
+            (``inf`` for a wrong shape or a missing result, 0 for an exception).
+        symptom: the verdict's first part, one line, without the advice: what the
+            checker observed (``FAIL without a mask (max |diff| = 0.655)``).
+        failed_input: the label of the first input where the learner's result differs.
+        inputs: the labels of every input checked.
     """
 
     passed: bool
     diagnosis: Optional[str]
     message: str
     max_abs_diff: float = 0.0
+    symptom: str = ""
+    failed_input: Optional[str] = None
+    inputs: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         return self.message
 
 
-def _out(result) -> torch.Tensor:
-    return result[0] if isinstance(result, (tuple, list)) else result
+#: The result of :func:`check_mha` (the engine's :class:`CheckResult`).
+MHACheck = CheckResult
 
 
-def _same(a: torch.Tensor, b: torch.Tensor, atol: float = 1e-5) -> bool:
-    return a.shape == b.shape and torch.allclose(a, b, atol=atol, rtol=1e-4, equal_nan=True)
+@dataclass(frozen=True)
+class _Mismatch:
+    diff: float
+    text: str
+    kind: str  # "values", "shape" or "missing"
 
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     if a.shape != b.shape:
         return float("inf")
-    d = (a - b).abs()
+    wide = torch.complex128 if (a.is_complex() or b.is_complex()) else torch.float64
+    d = (a.detach().to(wide) - b.detach().to(wide)).abs()
     d = torch.where(torch.isnan(d), torch.full_like(d, float("inf")), d)
-    return float(d.max())
+    return float(d.max()) if d.numel() else 0.0
 
 
-def _seeded_case(learner: nn.Module, d_model: int, batch: int, seq: int, seed: int):
-    """Seeded weights, written into ``learner``'s four projections, and seeded inputs.
+def _compare(got: Any, expected: Any, atol: float, rtol: float, name: Optional[str] = None) -> Optional[_Mismatch]:
+    """None if ``got`` equals ``expected`` (tensors within tolerance, NaN where NaN), else the first difference.
 
-    Returns ``(weights, (query, key, value))`` with ``weights[name] = (W, b)``.
+    A dict is compared entry by entry, in order; the first entry is the main result and
+    its difference reads ``max |diff| = x``, the others are named (``weights: ...``).
     """
-    g = torch.Generator().manual_seed(seed)
+    prefix = f"{name}: " if name else ""
+    if isinstance(expected, dict):
+        if not isinstance(got, dict):
+            return _Mismatch(float("inf"), f"{prefix}got {type(got).__name__}, expected a dict", "missing")
+        for i, (key, exp) in enumerate(expected.items()):
+            m = _compare(got.get(key), exp, atol, rtol, None if i == 0 else (f"{name}.{key}" if name else key))
+            if m is not None:
+                return m
+        return None
+    if isinstance(expected, (tuple, list)):
+        if not isinstance(got, (tuple, list)) or len(got) != len(expected):
+            return _Mismatch(float("inf"), f"{prefix}got {got!r:.60}, expected {len(expected)} results", "missing")
+        for i, (g, e) in enumerate(zip(got, expected)):
+            m = _compare(g, e, atol, rtol, None if (i == 0 and not name) else f"{name or 'result'}[{i}]")
+            if m is not None:
+                return m
+        return None
+    if isinstance(expected, torch.Tensor):
+        if not isinstance(got, torch.Tensor):
+            return _Mismatch(float("inf"), f"{prefix}got {'None' if got is None else type(got).__name__}, expected a "
+                                           f"tensor of shape {tuple(expected.shape)}", "missing")
+        if got.shape != expected.shape:
+            return _Mismatch(float("inf"), f"{prefix}shape {tuple(got.shape)}, expected {tuple(expected.shape)}", "shape")
+        a, e = got.detach(), expected.detach()
+        if a.is_complex() or e.is_complex():
+            same = torch.allclose(a.to(torch.complex128), e.to(torch.complex128), atol=atol, rtol=rtol, equal_nan=True)
+        elif a.is_floating_point() or e.is_floating_point():
+            same = torch.allclose(a.double(), e.double(), atol=atol, rtol=rtol, equal_nan=True)
+        else:
+            same = torch.equal(a, e)
+        if same:
+            return None
+        diff = _max_diff(got, expected)
+        return _Mismatch(diff, f"{prefix}max |diff| = {diff:.3g}", "values")
+    if got == expected:
+        return None
+    return _Mismatch(float("inf"), f"{prefix}got {got!r}, expected {expected!r}", "values")
+
+
+def _run(fn: Callable, args: tuple):
+    """``("ok", result)`` or ``("raised", exception)``: a learner's exception is an outcome, not a crash."""
+    try:
+        with torch.no_grad():
+            return "ok", fn(*args)
+    except Exception as e:  # the learner's (or a planted mistake's) code: any exception is a result
+        return "raised", e
+
+
+def _same_outcome(a, b, atol: float, rtol: float) -> bool:
+    (ka, va), (kb, vb) = a, b
+    if ka != kb:
+        return False
+    if ka == "raised":
+        if type(va) is not type(vb):
+            return False
+        return not isinstance(va, Reject) or va.kind == vb.kind
+    return _compare(va, vb, atol, rtol) is None
+
+
+def diagnose(
+    learner: Callable[..., Any],
+    reference: Callable[..., Any],
+    mistakes: Sequence[PlantedMistake],
+    inputs: Sequence[TestInput],
+    *,
+    atol: float = 1e-5,
+    rtol: float = 1e-4,
+    exception_kind: str = "exception",
+    unknown_hint: str = "",
+    pass_message: str = "PASS: the results equal the reference's on every input.",
+) -> CheckResult:
+    """Run ``learner`` on every input, compare with ``reference``, and name the mistake if one is planted.
+
+    1. For each input in order: the learner's result (or exception) against the
+       reference's (tensors within ``atol``/``rtol``, NaN equal to NaN; dicts, tuples and
+       lists entry by entry). The reference must not raise.
+    2. All equal: PASS (``pass_message``).
+    3. Otherwise the first differing input is the symptom, and every planted mistake is run
+       on every input: the first (in the given order) whose outcomes equal the learner's on
+       *all* inputs, and differ from the reference's on at least one, is the diagnosis
+       (raising an exception of the same type, or a :class:`Reject` of the same kind, on
+       the same inputs counts as equal). Mistakes that coincide on some inputs (e.g. two
+       scales equal at one width) are told apart by the other inputs, so give inputs of
+       several shapes.
+    4. No mistake reproduces it: the symptom, ``unknown_hint``, and for an exception its
+       type and text, with diagnosis ``exception_kind``.
+
+    Args:
+        learner: the learner's function (or a wrapper that builds and calls their module).
+        reference: the correct function, same signature.
+        mistakes: the planted mistakes, in the order they are tried.
+        inputs: the inputs, in the order they are checked.
+        atol, rtol: tolerances of the comparisons (also between the learner and a mistake).
+        exception_kind: the diagnosis when the learner's code raises and no mistake reproduces it.
+        unknown_hint: appended to the message when no mistake reproduces a numerical difference.
+        pass_message: the message of a PASS.
+
+    Returns:
+        :class:`CheckResult`. Nothing the learner's code raises propagates, and the global
+        (CPU) random state is the same afterwards.
+    """
+    if not inputs:
+        raise ValueError("inputs must list at least one TestInput, got none")
+    with torch.random.fork_rng(devices=[]):  # whatever the code under test draws, the caller's RNG is untouched
+        return _diagnose(learner, reference, mistakes, inputs, atol, rtol, exception_kind, unknown_hint, pass_message)
+
+
+def _diagnose(learner, reference, mistakes, inputs, atol, rtol, exception_kind, unknown_hint, pass_message) -> CheckResult:
+    labels = [t.label for t in inputs]
+    outcomes, expected = [], []
+    failed = None  # (index, mismatch or exception)
+    for i, t in enumerate(inputs):
+        with torch.no_grad():
+            exp = reference(*t.args)
+        expected.append(exp)
+        out = _run(learner, t.args)
+        outcomes.append(out)
+        if failed is None:
+            if out[0] == "raised":
+                failed = (i, out[1])
+            else:
+                m = _compare(out[1], exp, atol, rtol)
+                if m is not None:
+                    failed = (i, m)
+    if failed is None:
+        return CheckResult(True, None, pass_message, 0.0, pass_message, None, labels)
+
+    i, problem = failed
+    t = inputs[i]
+    if isinstance(problem, Reject):
+        symptom, detail, diff = f"FAIL {t.label}: {problem.message}", "", problem.diff
+    elif isinstance(problem, Exception):
+        symptom = f"FAIL {t.label}: {t.call} raised {type(problem).__name__}"
+        detail, diff = f": {problem}", 0.0
+    else:
+        symptom, detail, diff = f"FAIL {t.label} ({problem.text})", "", problem.diff
+
+    for mistake in mistakes:
+        differs_somewhere = False
+        for j, tj in enumerate(inputs):
+            cand = _run(mistake.fn, tj.args)
+            if not _same_outcome(outcomes[j], cand, atol, rtol):
+                break
+            differs_somewhere = differs_somewhere or not _same_outcome(cand, ("ok", expected[j]), atol, rtol)
+        else:
+            if differs_somewhere:
+                return CheckResult(False, mistake.name, f"{symptom}{detail}. {mistake.advice}", diff, symptom, t.label, labels)
+
+    if isinstance(problem, Reject):
+        return CheckResult(False, problem.kind, symptom, diff, symptom, t.label, labels)
+    if isinstance(problem, Exception):
+        return CheckResult(False, exception_kind, f"{symptom}{detail}", diff, symptom, t.label, labels)
+    kind = "shape" if problem.kind == "shape" else "unknown"
+    got = outcomes[i][1]
+    got_main = next(iter(got.values()), None) if isinstance(got, dict) else got
+    nan = (" The output contains NaN: is a row of scores entirely -inf?"
+           if isinstance(got_main, torch.Tensor) and got_main.is_floating_point() and bool(torch.isnan(got_main).any()) else "")
+    hint = f" {unknown_hint}" if unknown_hint else ""
+    return CheckResult(False, kind, f"{symptom}, and no single common mistake reproduces it.{nan}{hint}",
+                       diff, symptom, t.label, labels)
+
+
+# ------------------------------------------------------------------ the MHA checker
+_PROJECTIONS = ("linear_q", "linear_k", "linear_v", "linear_out")
+
+
+@dataclass(frozen=True)
+class _MHAInput:
+    """Everything one MHA call needs: sizes, the four projections' weights, the tensors."""
+
+    d_model: int
+    num_heads: int
+    weights: dict  # name -> (W, b)
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    mask: Optional[torch.Tensor]
+
+
+def _draw_weights(d_model: int, g: torch.Generator, bias: bool) -> dict:
+    """Uniform(-1/sqrt(d), 1/sqrt(d)) weights and biases (zero biases for a bias-free learner)."""
     bound = 1.0 / math.sqrt(d_model)
     weights = {}
-    with torch.no_grad():
-        for name in ("linear_q", "linear_k", "linear_v", "linear_out"):
-            lin = getattr(learner, name)
-            w = (torch.rand(d_model, d_model, generator=g) * 2 - 1) * bound
-            b = (torch.rand(d_model, generator=g) * 2 - 1) * bound if lin.bias is not None else torch.zeros(d_model)
-            lin.weight.copy_(w.to(lin.weight))
-            if lin.bias is not None:
-                lin.bias.copy_(b.to(lin.bias))
-            weights[name] = (w, b)
+    for name in _PROJECTIONS:
+        w = (torch.rand(d_model, d_model, generator=g) * 2 - 1) * bound
+        b = (torch.rand(d_model, generator=g) * 2 - 1) * bound
+        weights[name] = (w, b if bias else torch.zeros(d_model))
+    return weights
+
+
+def _draw(g: torch.Generator, *shape: int) -> torch.Tensor:
     # Inputs scaled up so that a missing or wrong scale changes the softmax visibly.
-    inputs = tuple(torch.randn(batch, seq, d_model, generator=g) * 3 for _ in range(3))
-    return weights, inputs
+    return torch.randn(*shape, generator=g) * 3
+
+
+def _mha_inputs(d_model: int, num_heads: int, batch: int, seq: int, seed: int, bias: bool) -> list[TestInput]:
+    """The inputs of :func:`check_mha`, in order (the first two are those of the original checker).
+
+    1-2. ``(batch, seq)`` with distinct query, key and value: without a mask, then causal.
+    3. cross-attention ``Lq = max(2, seq // 2)``, ``Lk = seq + 1`` with a key-padding mask
+       ``(batch, 1, 1, Lk)`` hiding the last two keys of the last example.
+    4. a batch of one, odd length, causal.
+    5. a second width ``num_heads * d_k'`` (``d_k' = d_k + 1``, or ``+ 2`` if that equals
+       ``num_heads``), causal: tells ``/ d_k`` from ``/ sqrt(d_model)``, which coincide when
+       ``d_model = d_k ** 2`` (the default 16 = 4 * 4).
+    """
+    g = torch.Generator().manual_seed(seed)
+    w = _draw_weights(d_model, g, bias)
+    q, k, v = (_draw(g, batch, seq, d_model) for _ in range(3))
+    lq, lk = max(2, seq // 2), seq + 1
+    cq, ck, cv = _draw(g, batch, lq, d_model), _draw(g, batch, lk, d_model), _draw(g, batch, lk, d_model)
+    pad = torch.ones(batch, 1, 1, lk, dtype=torch.bool)
+    pad[-1, ..., lk - 2:] = False
+    odd = seq + 1 if seq % 2 == 0 else seq
+    oq, ok_, ov = (_draw(g, 1, odd, d_model) for _ in range(3))
+    d_k = d_model // num_heads
+    d_k2 = d_k + 1 if d_k + 1 != num_heads else d_k + 2
+    d2 = num_heads * d_k2
+    g2 = torch.Generator().manual_seed(seed + 1)
+    w2 = _draw_weights(d2, g2, bias)
+    wq, wk, wv = (_draw(g2, batch, seq, d2) for _ in range(3))
+    call, call_m = "forward(query, key, value)", "forward(query, key, value, mask=mask)"
+    return [
+        TestInput("without a mask", (_MHAInput(d_model, num_heads, w, q, k, v, None),), call),
+        TestInput("with a causal mask", (_MHAInput(d_model, num_heads, w, q, k, v, causal_mask(seq)),), call_m),
+        TestInput(f"in cross-attention (Lq={lq}, Lk={lk}) with a (B, 1, 1, Lk) padding mask",
+                  (_MHAInput(d_model, num_heads, w, cq, ck, cv, pad),), call_m),
+        TestInput(f"with a batch of 1, seq={odd} and a causal mask",
+                  (_MHAInput(d_model, num_heads, w, oq, ok_, ov, causal_mask(odd)),), call_m),
+        TestInput(f"at d_model={d2}, num_heads={num_heads} with a causal mask",
+                  (_MHAInput(d2, num_heads, w2, wq, wk, wv, causal_mask(seq)),), call_m),
+    ]
 
 
 def _load(module: nn.Module, weights: dict) -> nn.Module:
     with torch.no_grad():
         for name, (w, b) in weights.items():
-            getattr(module, name).weight.copy_(w)
-            getattr(module, name).bias.copy_(b)
+            lin = getattr(module, name)
+            lin.weight.copy_(w.to(lin.weight))
+            if lin.bias is not None:
+                lin.bias.copy_(b.to(lin.bias))
     return module.eval()
 
 
-def _disambiguate(cls: type, bugs: list, d_model: int, num_heads: int, batch: int, seq: int,
-                  seed: int, masked: bool) -> list:
-    """The bugs in ``bugs`` that still reproduce ``cls`` at a second width.
+def _mha_reference(x: _MHAInput) -> dict:
+    """:class:`helpers.attention.MultiHeadAttention` with the same weights: output and per-head weights."""
+    out, w = _load(MultiHeadAttention(x.d_model, x.num_heads), x.weights)(x.query, x.key, x.value, mask=x.mask)
+    return {"output": out, "weights": w}
 
-    Two mistakes can coincide at one size: dividing by ``d_k`` equals dividing by
-    ``sqrt(d_model)`` when ``d_model = d_k**2`` (the default 16 = 4 * 4). At the same
-    ``num_heads`` and ``d_k' = d_k + 1`` (or ``+ 2``, so that ``d_k' != num_heads``), the
-    two differ because ``d_k'**2 = num_heads * d_k'`` only for ``d_k' = num_heads``.
+
+def _mha_runner(cls: type) -> Callable[[_MHAInput], dict]:
+    """The function the engine calls for a class: build it at the input's size, load the weights, run it.
+
+    Returns ``{"output": ..., "weights": ...}`` (``weights`` None for a bare output tensor).
+    Raises :class:`Reject` for a wrong interface or a wrong output shape.
     """
-    d_k = d_model // num_heads
-    d_k2 = d_k + 1 if d_k + 1 != num_heads else d_k + 2
-    d_model2 = num_heads * d_k2
-    try:
-        learner = cls(d_model2, num_heads).eval()
-        weights, (q, k, v) = _seeded_case(learner, d_model2, batch, seq, seed + 1)
-        m = causal_mask(seq) if masked else None
-        with torch.no_grad():
-            got = _out(learner(q, k, v) if m is None else learner(q, k, v, mask=m))
-            return [bug for bug in bugs
-                    if _same(got, _out(_load(PLANTED_BUGS[bug](d_model2, num_heads), weights)(q, k, v, mask=m)))]
-    except Exception:  # the learner's class at another size: any failure means "cannot tell"
-        return []
+
+    def run(x: _MHAInput) -> dict:
+        module = cls(x.d_model, x.num_heads)
+        for name in _PROJECTIONS:
+            lin = getattr(module, name, None)
+            if not isinstance(lin, nn.Linear) or tuple(lin.weight.shape) != (x.d_model, x.d_model):
+                raise Reject("interface", f"{cls.__name__} needs an attribute {name} = nn.Linear(d_model, d_model) "
+                                          f"(here nn.Linear({x.d_model}, {x.d_model})), got {lin!r}")
+        _load(module, x.weights)
+        result = module(x.query, x.key, x.value) if x.mask is None else module(x.query, x.key, x.value, mask=x.mask)
+        out = result[0] if isinstance(result, (tuple, list)) else result
+        weights = result[1] if isinstance(result, (tuple, list)) and len(result) > 1 else None
+        if not isinstance(out, torch.Tensor):
+            raise Reject("interface", f"forward must return a tensor or a tuple (output, weights), got {type(out).__name__}")
+        expected = (x.query.shape[0], x.query.shape[1], x.d_model)
+        if tuple(out.shape) != expected:
+            raise Reject("shape", f"output shape {tuple(out.shape)}, expected (batch, seq_q, d_model) = {expected}",
+                         float("inf"))
+        if weights is not None and not isinstance(weights, torch.Tensor):
+            raise Reject("interface", f"forward must return the weights as a tensor (batch, heads, seq_q, seq_k), "
+                                      f"got {type(weights).__name__}")
+        return {"output": out, "weights": weights}
+
+    return run
+
+
+_MHA_UNKNOWN_HINT = (
+    "Check in order: split (view(B, L, h, d_k).transpose(1, 2)), scale 1/sqrt(d_k), mask "
+    "(-inf where mask is False), softmax(dim=-1), merge (transpose(1, 2) then view), linear_out."
+)
 
 
 def check_mha(
@@ -346,17 +734,27 @@ def check_mha(
     batch: int = 2,
     seq: int = 6,
     seed: int = 0,
-) -> MHACheck:
+) -> CheckResult:
     """Run the learner's multi-head attention class against the reference and diagnose mistakes.
 
-    1. Build ``cls(d_model, num_heads)``; fill its four projections with seeded random
-       weights and biases; copy them into :class:`~helpers.attention.MultiHeadAttention`.
-    2. Compare outputs on distinct ``query``, ``key``, ``value`` ``(batch, seq, d_model)``:
-       first without a mask, then with ``causal_mask(seq)`` (True = allowed).
-    3. On a mismatch, load the same weights into each class of :data:`PLANTED_BUGS` and
-       report the bug whose output equals the learner's (NaNs included). When several bugs
-       coincide at this size (``/ d_k`` and ``/ sqrt(d_model)`` when ``d_model = d_k**2``),
-       the tie is broken by running again at a second width, ``num_heads * (d_k + 1)``.
+    The learner's class and :class:`~helpers.attention.MultiHeadAttention` get the same
+    seeded weights and biases and are compared (output *and* per-head weights, see the
+    module docstring) on five inputs, through :func:`diagnose`:
+
+    1. ``(batch, seq)`` with distinct ``query``, ``key``, ``value``, without a mask;
+    2. the same with ``causal_mask(seq)`` (True = allowed);
+    3. cross-attention, ``Lq != Lk`` (``max(2, seq // 2)`` and ``seq + 1``), with a
+       ``(batch, 1, 1, Lk)`` key-padding mask;
+    4. a batch of one of odd length, causal;
+    5. a second width ``num_heads * (d_k + 1)`` (or ``+ 2``), causal, which tells apart
+       mistakes that coincide at the first (``/ d_k`` and ``/ sqrt(d_model)`` when
+       ``d_model = d_k**2``).
+
+    On a mismatch the same weights are loaded into each class of :data:`PLANTED_BUGS`, and
+    the bug whose results (outputs, weights, exceptions) equal the learner's on all five
+    inputs is named, with :data:`BUG_MESSAGES`' advice. An exception in the learner's code
+    is reported (diagnosis ``"interface"``), never raised. The global random state is the
+    same afterwards.
 
     Args:
         cls: the learner's class (interface in the module docstring).
@@ -365,7 +763,7 @@ def check_mha(
         seed: seed of the weights and inputs.
 
     Returns:
-        :class:`MHACheck` (``print`` it).
+        :class:`CheckResult` (``MHACheck``; ``print`` it).
     """
     if not isinstance(cls, type):
         raise TypeError(f"cls must be a class (not an instance), got {type(cls).__name__}")
@@ -374,60 +772,46 @@ def check_mha(
             f"need num_heads >= 2, d_model divisible by num_heads with d_k >= 2, and seq >= 2 so "
             f"every mistake shows, got d_model={d_model}, num_heads={num_heads}, seq={seq}"
         )
+    with torch.random.fork_rng(devices=[]):  # building modules draws random inits: keep the caller's RNG as it was
+        return _check_mha(cls, d_model, num_heads, batch, seq, seed)
+
+
+def _check_mha(cls: type, d_model: int, num_heads: int, batch: int, seq: int, seed: int) -> CheckResult:
     try:
         learner = cls(d_model, num_heads)
     except Exception as e:  # the learner's constructor: report, don't crash
-        return MHACheck(False, "interface", f"FAIL: {cls.__name__}({d_model}, {num_heads}) raised {type(e).__name__}: {e}")
-    for name in ("linear_q", "linear_k", "linear_v", "linear_out"):
+        msg = f"FAIL: {cls.__name__}({d_model}, {num_heads}) raised {type(e).__name__}: {e}"
+        return CheckResult(False, "interface", msg, 0.0, msg)
+    for name in _PROJECTIONS:
         lin = getattr(learner, name, None)
         if not isinstance(lin, nn.Linear) or tuple(lin.weight.shape) != (d_model, d_model):
-            return MHACheck(
-                False, "interface",
-                f"FAIL: {cls.__name__} needs an attribute {name} = nn.Linear(d_model, d_model) "
-                f"(here nn.Linear({d_model}, {d_model})), got {lin!r}",
-            )
-    learner.eval()
-    weights, (query, key, value) = _seeded_case(learner, d_model, batch, seq, seed)
-    ref = _load(MultiHeadAttention(d_model, num_heads), weights)
-    mask = causal_mask(seq)
-    cases = [("without a mask", None), ("with a causal mask", mask)]
+            msg = (f"FAIL: {cls.__name__} needs an attribute {name} = nn.Linear(d_model, d_model) "
+                   f"(here nn.Linear({d_model}, {d_model})), got {lin!r}")
+            return CheckResult(False, "interface", msg, 0.0, msg)
+    bias = all(getattr(learner, name).bias is not None for name in _PROJECTIONS)
+    mistakes = [PlantedMistake(name, _mha_runner(bug), BUG_MESSAGES[name]) for name, bug in PLANTED_BUGS.items()]
+    return diagnose(
+        _mha_runner(cls), _mha_reference, mistakes, _mha_inputs(d_model, num_heads, batch, seq, seed, bias),
+        exception_kind="interface", unknown_hint=_MHA_UNKNOWN_HINT,
+        pass_message=f"PASS: {cls.__name__} matches helpers.MultiHeadAttention "
+                     f"(d_model={d_model}, num_heads={num_heads}) with and without a causal mask.",
+    )
 
-    for label, m in cases:
-        with torch.no_grad():
-            expected = ref(query, key, value, mask=m)[0]
-            try:
-                got = _out(learner(query, key, value) if m is None else learner(query, key, value, mask=m))
-            except Exception as e:
-                return MHACheck(False, "interface",
-                                f"FAIL {label}: forward(query, key, value{', mask=mask' if m is not None else ''}) "
-                                f"raised {type(e).__name__}: {e}")
-        if not isinstance(got, torch.Tensor):
-            return MHACheck(False, "interface", f"FAIL {label}: forward must return a tensor or a tuple "
-                                                f"(output, weights), got {type(got).__name__}")
-        if got.shape != expected.shape:
-            return MHACheck(False, "shape", f"FAIL {label}: output shape {tuple(got.shape)}, expected "
-                                            f"(batch, seq_q, d_model) = {tuple(expected.shape)}", float("inf"))
-        if _same(got, expected):
-            continue
-        diff = _max_diff(got, expected)
-        matches = []
-        for bug, bug_cls in PLANTED_BUGS.items():
-            with torch.no_grad():
-                cand = _out(_load(bug_cls(d_model, num_heads), weights)(query, key, value, mask=m))
-            if _same(got, cand) and not _same(cand, expected):
-                matches.append(bug)
-        if len(matches) > 1:
-            matches = _disambiguate(cls, matches, d_model, num_heads, batch, seq, seed, m is not None) or matches
-        if matches:
-            bug = matches[0]
-            return MHACheck(False, bug, f"FAIL {label} (max |diff| = {diff:.3g}). {BUG_MESSAGES[bug]}", diff)
-        nan = " The output contains NaN: is a row of scores entirely -inf?" if torch.isnan(got).any() else ""
-        return MHACheck(
-            False, "unknown",
-            f"FAIL {label} (max |diff| = {diff:.3g}), and no single common mistake reproduces it.{nan} "
-            "Check in order: split (view(B, L, h, d_k).transpose(1, 2)), scale 1/sqrt(d_k), mask "
-            "(-inf where mask is False), softmax(dim=-1), merge (transpose(1, 2) then view), linear_out.",
-            diff,
-        )
-    return MHACheck(True, None, f"PASS: {cls.__name__} matches helpers.MultiHeadAttention "
-                                f"(d_model={d_model}, num_heads={num_heads}) with and without a causal mask.")
+
+def planted_bug_symptoms(**check_kwargs) -> dict[str, str]:
+    """For each planted MHA bug, the one-line symptom :func:`check_mha` reports for it.
+
+    Runs ``check_mha(PLANTED_BUGS[name], **check_kwargs)`` for every bug and returns
+    ``{name: result.symptom}``, e.g. ``"FAIL without a mask (max |diff| = 0.655)"``: which
+    input fails first and how. A compact table of every mistake the checker names.
+
+    Raises:
+        RuntimeError: if a planted bug is not diagnosed as itself (the checker would be wrong).
+    """
+    table = {}
+    for name, bug in PLANTED_BUGS.items():
+        r = check_mha(bug, **check_kwargs)
+        if r.diagnosis != name:
+            raise RuntimeError(f"planted bug {name!r} was diagnosed as {r.diagnosis!r}: {r.message}")
+        table[name] = r.symptom
+    return table
