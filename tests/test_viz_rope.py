@@ -59,3 +59,47 @@ def test_explorer_sliders_drive_the_state_figure_and_label():
     assert len(ex.times_ms) == n_updates + 1 and ex.state["pair"] == 1
     with pytest.raises(ValueError, match="unknown control 'x'"):
         ex.set(x=1)
+
+
+def test_plot_scores_vs_bound_draws_every_curve_and_checks_shapes():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from helpers.viz.rope import plot_scores_vs_bound
+
+    dec = long_term_decay(16, 10000.0, 40)
+    zeros = np.zeros_like(dec["distance"])
+    fig = plot_scores_vs_bound(dec["distance"], dec["bound"], dec["ones_score"], dec["ones_score"], zeros, zeros + 1, head_dim=16)
+    ax = fig.axes[0]
+    bound_line = [ln for ln in ax.get_lines() if ln.get_label().startswith("relative bound")][0]
+    assert bound_line.get_ydata()[0] == pytest.approx(16.0)  # scaled to d at distance 0
+    assert ax.get_xscale() == "symlog" and len(ax.collections) == 1  # the independent band
+    with pytest.raises(ValueError, match=r"independent_std must have the shape of distance \(41,\), got \(3,\)"):
+        plot_scores_vs_bound(dec["distance"], dec["bound"], dec["ones_score"], dec["ones_score"], zeros, np.ones(3), head_dim=16)
+    plt.close("all")
+
+
+def test_plot_clock_dials_values_curve_and_errors():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from helpers.viz.rope import plot_clock_dials
+
+    fig = plot_clock_dials(head_dim=16, base=100.0, max_position=1000, contexts={"512": 512}, n_positions=50)
+    ax = fig.axes[0]
+    mesh = ax.collections[0]
+    values = np.asarray(mesh.get_array()).reshape(-1, 8)
+    theta = rope_frequencies(16, 100.0, dtype=torch.float64).numpy()
+    assert values[0] == pytest.approx(np.cos(theta))  # first row: position 1
+    turn = [ln for ln in ax.get_lines() if "first full turn" in ln.get_label()][0]
+    assert turn.get_ydata() == pytest.approx(2 * np.pi / theta)
+    assert [t.get_text() for t in ax.texts] == ["512"]
+    with pytest.raises(ValueError, match="max_position must be an int >= 2, got 1"):
+        plot_clock_dials(max_position=1)
+    with pytest.raises(ValueError, match="n_positions must be an int >= 2, got 1.5"):
+        plot_clock_dials(n_positions=1.5)
+    plt.close("all")

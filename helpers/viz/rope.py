@@ -1,4 +1,10 @@
-"""Figures and the explorer of notebook 01 (RoPE from the rotation matrix)."""
+"""Figures and the explorer of notebook 01 (RoPE from the rotation matrix).
+
+* :func:`long_term_decay` -- RoFormer's relative upper bound and the all-ones score against distance.
+* :func:`plot_scores_vs_bound` -- real scores (all-ones, correlated, independent) on top of the bound.
+* :func:`plot_clock_dials` -- the "clock dials": :math:`\\cos m\\theta_i` over positions and pairs.
+* :func:`rope_explorer_state`, :func:`rope_explorer` -- the slider explorer.
+"""
 from __future__ import annotations
 
 import math
@@ -10,14 +16,15 @@ from matplotlib.figure import Figure
 from .. import rope as _rope
 from .explorer import Explorer
 
-__all__ = ["long_term_decay", "rope_explorer_state", "rope_explorer"]
+__all__ = ["long_term_decay", "plot_scores_vs_bound", "plot_clock_dials", "rope_explorer_state", "rope_explorer"]
 
 
 def long_term_decay(head_dim: int, base: float, max_distance: int) -> dict:
     r"""RoFormer §3.4.3: the relative upper bound of :math:`|q^\top R_{n-m} k|` and a real score.
 
-    With :math:`S_j = \sum_{i<j} e^{\mathrm{i}(m-n)\theta_i}` the bound is proportional to
-    :math:`\frac{1}{d/2}\sum_{j=1}^{d/2} |S_j|` (the paper's Figure 2). The "all-ones"
+    With the partial sums :math:`C_j = \sum_{l<j} e^{\mathrm{i}(m-n)\theta_l}` (RoFormer calls
+    them :math:`S_j`) the bound is proportional to :math:`\frac{1}{d/2}\sum_{j=1}^{d/2} |C_j|`
+    (the paper's Figure 2). The "all-ones"
     score is :math:`q^\top R_{n-m} k` for :math:`q = k = \mathbf{1}`, i.e.
     :math:`\sum_i 2\cos((n-m)\theta_i)`.
 
@@ -27,10 +34,100 @@ def long_term_decay(head_dim: int, base: float, max_distance: int) -> dict:
     theta = _rope.rope_frequencies(head_dim, base, dtype=torch.float64).numpy()
     r = np.arange(max_distance + 1, dtype=np.float64)
     phase = np.exp(1j * r[:, None] * theta[None, :])  # (D, d/2)
-    S = np.cumsum(phase, axis=1)  # S_{j} for j = 1..d/2
-    bound = np.abs(S).mean(axis=1)
+    C = np.cumsum(phase, axis=1)  # C_j for j = 1..d/2
+    bound = np.abs(C).mean(axis=1)
     ones = 2.0 * np.cos(r[:, None] * theta[None, :]).sum(axis=1)
     return {"distance": r, "bound": bound, "ones_score": ones}
+
+
+def plot_scores_vs_bound(
+    distance: np.ndarray,
+    bound: np.ndarray,
+    ones_score: np.ndarray,
+    correlated_mean: np.ndarray,
+    independent_mean: np.ndarray,
+    independent_std: np.ndarray,
+    head_dim: int,
+    title: str = "",
+):
+    """What decays and what does not: scores :math:`\\mathbf q^\\top R_r \\mathbf k` against the distance ``r``.
+
+    The relative bound (from :func:`long_term_decay`) is scaled to start at ``head_dim``, the
+    all-ones score's value at distance 0, so that all curves share one axis. Drawn: the
+    all-ones score, the mean score of correlated pairs (``k = q + noise``), and the mean
+    :math:`\\pm` one standard deviation of independent pairs (a band). All arrays have the
+    shape of ``distance``. The x axis is linear up to 10, logarithmic beyond.
+    Returns the pyplot figure (call ``plt.show()``).
+    """
+    import matplotlib.pyplot as plt
+
+    arrays = {"bound": bound, "ones_score": ones_score, "correlated_mean": correlated_mean,
+              "independent_mean": independent_mean, "independent_std": independent_std}
+    for name, arr in arrays.items():
+        if np.shape(arr) != np.shape(distance):
+            raise ValueError(f"{name} must have the shape of distance {np.shape(distance)}, got {np.shape(arr)}")
+    fig, ax = plt.subplots(figsize=(6.6, 3.8))
+    ax.fill_between(distance, independent_mean - independent_std, independent_mean + independent_std,
+                    color="C1", alpha=0.25, lw=0, label="independent q, k: mean ± 1 std")
+    ax.plot(distance, independent_mean, color="C1", lw=1)
+    ax.plot(distance, ones_score, color="C0", lw=1, label=r"$q = k = \mathbf{1}$")
+    ax.plot(distance, correlated_mean, color="C2", lw=1.5, ls="--", label="k = q + noise: mean over draws")
+    ax.plot(distance, np.asarray(bound) * head_dim / bound[0], color="0.2", lw=2, label=f"relative bound, scaled to {head_dim} at 0")
+    ax.axhline(0, color="0.6", lw=0.8)
+    ax.set_xscale("symlog", linthresh=10)
+    ax.set_xlim(0, float(np.max(distance)))
+    ax.set_xlabel("relative distance r = |m - n| (positions; linear to 10, log beyond)")
+    ax.set_ylabel(r"score $q^\top R_r k$")
+    ax.set_title(title or f"what decays with distance (d = {head_dim})", fontsize=10)
+    ax.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    return fig
+
+
+def plot_clock_dials(
+    head_dim: int = 128,
+    base: float = 10000.0,
+    max_position: int = 2**17,
+    contexts: dict | None = None,
+    n_positions: int = 600,
+):
+    """The "clock dials": :math:`\\cos m\\theta_i` for pair ``i`` (across) and position ``m`` (down, log scale).
+
+    Positions are ``n_positions`` log-spaced integers in ``[1, max_position]``. The dashed
+    curve is each pair's wavelength :math:`2\\pi/\\theta_i`, the position where it completes
+    its first full turn: left of the curve (fast pairs) the dial has wrapped around, and at
+    this sampling its colour is aliased noise; right of it the dial has not yet done one turn.
+    ``contexts`` maps labels to context lengths drawn as horizontal lines.
+    Returns the pyplot figure (call ``plt.show()``).
+    """
+    import matplotlib.pyplot as plt
+
+    if isinstance(max_position, bool) or not isinstance(max_position, int) or max_position < 2:
+        raise ValueError(f"max_position must be an int >= 2, got {max_position!r}")
+    if isinstance(n_positions, bool) or not isinstance(n_positions, int) or n_positions < 2:
+        raise ValueError(f"n_positions must be an int >= 2, got {n_positions!r}")
+    theta = _rope.rope_frequencies(head_dim, base, dtype=torch.float64).numpy()
+    m = np.unique(np.round(np.geomspace(1, max_position, n_positions)))
+    dial = np.cos(m[:, None] * theta[None, :])  # (positions, d/2)
+    pairs = np.arange(head_dim // 2)
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    m_edges = np.concatenate([[m[0] / 1.05], np.sqrt(m[:-1] * m[1:]), [m[-1] * 1.05]])
+    mesh = ax.pcolormesh(np.arange(head_dim // 2 + 1) - 0.5, m_edges, dial, cmap="RdBu_r", vmin=-1, vmax=1, shading="flat")
+    fig.colorbar(mesh, ax=ax, label=r"$\cos m\theta_i$")
+    ax.plot(pairs, 2 * np.pi / theta, color="gold", ls="--", lw=2.2, label=r"first full turn: $m = 2\pi/\theta_i$")
+    for k, (label, length) in enumerate((contexts or {}).items()):
+        ax.axhline(length, color="k", ls=":", lw=1)
+        ax.annotate(label, (head_dim // 2 - 0.5, length), xytext=(-3, 2), textcoords="offset points",
+                    ha="right", va="bottom", fontsize=8, bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.8))
+    ax.set_yscale("log")
+    ax.set_ylim(m_edges[0], m_edges[-1])
+    ax.invert_yaxis()
+    ax.set_xlabel("pair index i (fast → slow)")
+    ax.set_ylabel("position m (log scale)")
+    ax.set_title(f"clock dials cos(m·θ_i), d = {head_dim}, base = {base:g}", fontsize=10)
+    ax.legend(loc="lower left", fontsize=7)
+    fig.tight_layout()
+    return fig
 
 
 def rope_explorer_state(m: int, pair: int, log10_base: float, head_dim: int = 64, max_distance: int = 256) -> dict:
