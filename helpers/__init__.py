@@ -16,6 +16,7 @@ Modules
 * :mod:`helpers.heads` -- head importance, pruning, similarity, roles (notebook 05).
 * :mod:`helpers.positional` -- shift, length and RoPE-stretching experiments (notebook 06).
 * :mod:`helpers.hf` -- bridges to Hugging Face ``transformers`` (notebook 07; imports it lazily).
+* :mod:`helpers.kvcache` -- the KV cache and greedy decoding with or without it (notebook 07 §6).
 * :mod:`helpers.viz` -- figures and slider explorers (no numerics of its own).
 * :mod:`helpers.utils` -- seeding and determinism.
 * :mod:`helpers.sweep` -- run an experiment over seeds and summarise the distribution (notebooks 03-06).
@@ -30,6 +31,7 @@ from .rope import (
     half_to_interleaved,
     interleaved_to_half,
     interleaved_to_half_index,
+    llama3_frequencies,
     ntk_scaled_base,
     rope_angles,
     rope_frequencies,
@@ -37,6 +39,7 @@ from .rope import (
 )
 from .attention import MultiHeadAttention, causal_mask, scaled_dot_product_attention
 from .model import POSITIONAL_ENCODINGS, TinyTransformer, TransformerBlock, sinusoidal_encoding
+from .kvcache import KVCache, greedy_generate, kv_cache_bytes
 from .tasks import (
     IGNORE_INDEX,
     AssociativeRecallTask,
@@ -77,9 +80,11 @@ __all__ = [
     "SweepError", "SweepResult", "first_step_reaching", "sweep",
     # rope
     "RotaryEmbedding", "apply_rope", "apply_rope_complex", "apply_rope_matrix", "half_to_interleaved",
-    "interleaved_to_half", "interleaved_to_half_index", "ntk_scaled_base", "rope_angles", "rope_frequencies", "rotation_matrix",
+    "interleaved_to_half", "interleaved_to_half_index", "llama3_frequencies", "ntk_scaled_base", "rope_angles", "rope_frequencies", "rotation_matrix",
     # attention
     "MultiHeadAttention", "causal_mask", "scaled_dot_product_attention",
+    # kvcache
+    "KVCache", "greedy_generate", "kv_cache_bytes",
     # model, tasks, train
     "POSITIONAL_ENCODINGS", "TinyTransformer", "TransformerBlock", "sinusoidal_encoding",
     "IGNORE_INDEX", "AssociativeRecallTask", "CopyTask", "LookbackTask", "MixedTask", "Split", "Task",
