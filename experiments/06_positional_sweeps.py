@@ -1,0 +1,229 @@
+"""Seed sweeps behind notebook 06 (positional encodings compared), precomputed.
+
+Notebook 06 makes claims about six positional schemes (none, sinusoidal, two learned
+tables, RoPE, ALiBi) on two tasks, at the training length, shifted, at 2L and 4L, and
+about stretching RoPE (position interpolation, NTK-aware scaling, fine-tuning against a
+model trained from scratch). Each claim is measured over 8 seeds; training all of that
+takes minutes on a 2-core CPU, longer than a notebook may run, so this script runs it
+once and writes ``experiments/results/06_positional_sweeps.json``; the notebook loads it
+(and trains seed 0 of the look-back models live to show maps and tables).
+
+Run from the repository root::
+
+    python experiments/06_positional_sweeps.py            # all parts, seeds 0-7 (nope: 0-4)
+    python experiments/06_positional_sweeps.py --part nope
+
+Every experiment is a function of the seed (``schemes_run``, ``stretch_run``,
+``nope_run``), called through :func:`helpers.sweep.sweep` (one worker process per core,
+``seed_everything(seed)`` before each call), so one seed's numbers do not depend on the
+others or on the number of workers. ``tests/test_experiments_06.py`` re-runs two seeds
+of some of them and checks they fall inside the committed spread.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from helpers import LookbackTask, TinyTransformer, evaluate, train  # noqa: E402
+from helpers.positional import (PairRecallTask, accuracy_by_position, init_position_table_,  # noqa: E402
+                                interpolated_positions, use_rope_base)
+from helpers.rope import ntk_scaled_base  # noqa: E402
+from helpers.sweep import first_step_reaching, sweep  # noqa: E402
+
+RESULTS = ROOT / "experiments" / "results" / "06_positional_sweeps.json"
+
+SEEDS = list(range(8))
+L = 16
+TABLE = 1024  # rows of the learned position table
+STEPS, LR, EVAL_EVERY = 100, 1e-2, 10
+SCHEMES = ["none", "sinusoidal", "learned-1", "learned-0.01", "rope", "alibi"]
+GPT2_WPE_STD = 0.01  # openai/gpt-2 src/model.py: wpe ~ N(0, 0.01^2) (wte: 0.02)
+OFFSETS = [0, 1, 2, 5, 10, 50, 100, 500]
+LENGTHS = [L, 2 * L, 4 * L]
+TASK_NAMES = ["lookback", "recall"]
+
+# stretching RoPE at 2L: fine-tuning (plain, PI, NTK) against training from scratch
+FT_LRS = [1e-3, 3e-3, 1e-2]
+FT_STEPS = 100  # evaluated every 10 steps
+VARIANTS = ["plain", "PI", "NTK", "scratch"]
+
+# a causal model without positions on a task that needs them (Kazemnejad et al. 2023)
+NOPE_CONFIGS = {
+    # name: (layers, learning rate, steps, with a start token)
+    "2 layers": (2, 1e-2, 1500, False),
+    "2 layers + start token": (2, 1e-2, 1500, True),
+}
+NOPE_SEEDS = list(range(5))
+NOPE_EVAL_EVERY = 100
+
+
+def task(name: str, n: int = L):
+    """The training task at length ``n``: look back 3 over 8 symbols; pair recall with 6 pairs, n - 6 queries."""
+    if name == "lookback":
+        return LookbackTask(num_symbols=8, seq_len=n, k=3)
+    return PairRecallTask(num_keys=8, num_values=4, num_pairs=6, num_queries=n - 6)
+
+
+def val_data(name: str, n: int):
+    """The validation set at length ``n`` (seed 1000, the same for every model)."""
+    return task(name, n).make(256, seed=1000)
+
+
+def make_model(name: str, scheme: str, seed: int, max_len: int = TABLE) -> TinyTransformer:
+    """One layer, d_model 32, 2 heads; ``learned-0.01`` redraws the table from N(0, 0.01^2) like GPT-2's wpe."""
+    model = TinyTransformer(task(name).vocab_size, d_model=32, num_heads=2, num_layers=1, max_len=max_len,
+                            pos=scheme.split("-")[0], seed=seed)
+    if scheme == "learned-0.01":
+        init_position_table_(model, GPT2_WPE_STD, torch.Generator().manual_seed(seed))
+    return model
+
+
+def train_scheme(name: str, scheme: str, seed: int):
+    model = make_model(name, scheme, seed)
+    run = train(model, task(name), steps=STEPS, lr=LR, seed=seed, n_train=2048, n_val=256, eval_every=EVAL_EVERY)
+    return model, run
+
+
+@torch.no_grad()
+def far_weight(model: TinyTransformer, n: int = 4 * L) -> float:
+    """Mean weight that the furthest-looking head puts on keys >= L positions back (queries t >= L, length n)."""
+    model(val_data("lookback", n)[0][:64])
+    w = model.attention_weights[0]
+    back = torch.stack([w[:, :, t, : t - L + 1].sum(-1) for t in range(L, n)])
+    return back.mean((0, 1)).max().item()
+
+
+def _nan_to_none(values):
+    return [None if (isinstance(v, float) and math.isnan(v)) else v for v in values]
+
+
+def schemes_run(seed: int, schemes=SCHEMES, tasks=TASK_NAMES) -> dict:
+    """Every scheme on both tasks: training curve, final accuracy, shifts, lengths, accuracy by position."""
+    out = {}
+    for name in tasks:
+        vals = {n: val_data(name, n) for n in LENGTHS}
+        for scheme in schemes:
+            model, run = train_scheme(name, scheme, seed)
+            key = f"{name}/{scheme}"
+            out[f"{key}/curve"] = [h[2] for h in run.history]
+            out[f"{key}/acc"] = run.val_acc
+            steps95 = first_step_reaching(run.history, 0.95)
+            out[f"{key}/steps95"] = None if math.isinf(steps95) else steps95
+            grid = []
+            for n in LENGTHS:
+                grid.append([evaluate(model, vals[n], offset=c, need_weights=False)[1] for c in OFFSETS])
+            out[f"{key}/grid"] = grid  # (lengths, offsets)
+            out[f"{key}/bypos"] = _nan_to_none(accuracy_by_position(model, vals[4 * L]).tolist())
+            if scheme in ("rope", "alibi") and name == "lookback":
+                out[f"{key}/far"] = far_weight(model)
+    return out
+
+
+def stretch_run(seed: int, lrs=FT_LRS, variants=VARIANTS) -> dict:
+    """RoPE look-back models at 2L: fine-tuned as trained, with PI, with NTK, and a fresh model from scratch."""
+    base, _ = train_scheme("lookback", "rope", seed)
+    task2 = task("lookback", 2 * L)
+    val2 = val_data("lookback", 2 * L)
+    pi = interpolated_positions(2 * L, 2.0)
+    ntk = ntk_scaled_base(10000.0, 2.0, 16)
+    out = {}
+    for variant in variants:
+        for lr in lrs:
+            model = make_model("lookback", "rope", seed) if variant == "scratch" else copy.deepcopy(base)
+            fkw = {"positions": pi} if variant == "PI" else {}
+            with use_rope_base(model, ntk if variant == "NTK" else 10000.0):
+                acc0 = evaluate(model, val2, **fkw)[1]
+                run = train(model, (task2.make(1024, seed=seed), val2), steps=FT_STEPS, lr=lr, seed=seed,
+                            eval_every=10, forward_kwargs=fkw)
+            out[f"{variant}/lr{lr:g}"] = [acc0] + [h[2] for h in run.history]
+    return out
+
+
+class WithStart:
+    """Prepend a start token (id ``vocab_size`` of the wrapped task) to every sequence; it is not scored."""
+
+    def __init__(self, base):
+        self.base, self.vocab_size = base, base.vocab_size + 1
+
+    def add(self, data):
+        x, y = data
+        s = torch.full((x.shape[0], 1), self.base.vocab_size, dtype=x.dtype)
+        return torch.cat([s, x], 1), torch.cat([torch.full_like(s, -100), y], 1)
+
+
+def nope_run(seed: int, configs=None) -> dict:
+    """Causal models without positional encoding on look-back 3, by configuration (curves every 100 steps)."""
+    configs = NOPE_CONFIGS if configs is None else configs
+    base = task("lookback")
+    split = base.split(2048, 256, seed)
+    out = {}
+    for cname, (layers, lr, steps, start) in configs.items():
+        wrap = WithStart(base) if start else None
+        tr, va = (wrap.add(split.train), wrap.add(split.val)) if start else (split.train, split.val)
+        model = TinyTransformer(wrap.vocab_size if start else base.vocab_size, 32, 2, layers, max_len=64,
+                                pos="none", seed=seed)
+        run = train(model, (tr, va), steps=steps, lr=lr, seed=seed, eval_every=NOPE_EVAL_EVERY)
+        out[f"{cname}/curve"] = [h[2] for h in run.history]
+        out[f"{cname}/acc"] = run.val_acc
+        out[f"{cname}/shuffle"] = shuffle_sensitivity(model, va[0], first=1 if start else 0)
+    return out
+
+
+@torch.no_grad()
+def shuffle_sensitivity(model, x, first: int = 0) -> float:
+    """Max change of the logits at the last position when tokens ``first .. t-1`` before it are permuted."""
+    t = x.shape[1] - 1
+    perm = torch.randperm(t - first, generator=torch.Generator().manual_seed(0)) + first
+    xs = x.clone()
+    xs[:, first:t] = x[:, perm]
+    model.eval()
+    return (model(x)[:, t] - model(xs)[:, t]).abs().max().item()
+
+
+def meta() -> dict:
+    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "machine": platform.machine(), "processor": platform.processor(), "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d")}
+
+
+PARTS = {"schemes": schemes_run, "stretch": stretch_run, "nope": nope_run}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", choices=sorted(PARTS), action="append", help="run only these parts (default: all)")
+    ap.add_argument("--seeds", type=int, nargs="*", default=None, help="default: 0-7 (nope: 0-4)")
+    args = ap.parse_args(argv)
+    new = {}
+    for part in args.part or list(PARTS):
+        t0 = time.time()
+        res = sweep(PARTS[part], args.seeds if args.seeds is not None else (NOPE_SEEDS if part == "nope" else SEEDS))
+        new[part] = {"seeds": list(res.seeds), "runs": res.runs, "meta": meta(), "seconds": round(time.time() - t0)}
+        print(f"{part}: {len(res.seeds)} seeds in {time.time() - t0:.0f} s", flush=True)
+    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}  # read late: keep parts run meanwhile
+    results.update(new)
+    results["config"] = {"L": L, "table": TABLE, "steps": STEPS, "lr": LR, "eval_every": EVAL_EVERY,
+                         "schemes": SCHEMES, "offsets": OFFSETS, "lengths": LENGTHS, "gpt2_wpe_std": GPT2_WPE_STD,
+                         "ft_lrs": FT_LRS, "ft_steps": FT_STEPS, "variants": VARIANTS,
+                         "nope_configs": {k: list(v) for k, v in NOPE_CONFIGS.items()},
+                         "nope_eval_every": NOPE_EVAL_EVERY, "nope_seeds": NOPE_SEEDS}
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=1, allow_nan=False) + "\n")
+    print(f"wrote {RESULTS.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
