@@ -452,3 +452,26 @@ def test_benchmark_script_runs():
     for name in ("memory floor x*cos", "apply_rope_matrix", "naive stack (GPT-J)", "complex (Meta Llama)", "apply_rope half"):
         assert name in res.stdout
     assert "apply_rope vs apply_rope_matrix:" in res.stdout and "apply_rope vs memory floor:" in res.stdout
+
+
+@pytest.mark.parametrize("d", [2, 8, 16])
+def test_layout_pairs_and_pairing_figure(d):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from helpers.rope import rotation_matrix
+    from helpers.viz.rope_efficient import layout_pairs, plot_pairing
+
+    pairs = layout_pairs(d)
+    assert pairs["interleaved"] == [(2 * i, 2 * i + 1) for i in range(d // 2)]
+    assert pairs["half"] == [(i, i + d // 2) for i in range(d // 2)]
+    # the half pairs are exactly where P R P^T couples two different dimensions (its non-zero off-diagonal entries)
+    P = torch.eye(d, dtype=torch.float64)[interleaved_to_half_index(d)]
+    R_half = P @ rotation_matrix(1.0, d, dtype=torch.float64) @ P.T
+    coupled = {(a, b) for a in range(d) for b in range(a + 1, d) if R_half[a, b] != 0}
+    assert coupled == set(pairs["half"])
+    fig = plot_pairing(d)
+    assert len(fig.axes) == 2
+    plt.close("all")

@@ -3,6 +3,7 @@
 * :func:`rope_cache_state` -- the pure function behind the explorer: the cos/sin cache for
   a range of positions and a fixed vector rotated by it.
 * :func:`rope_cache_explorer` -- sliders for ``head_dim``, base and the position range.
+* :func:`plot_pairing` -- which dimensions pair up in the interleaved and the half layout.
 * :func:`plot_angle_precision` -- angle and rotation error against position (bf16 vs fp32).
 * :func:`plot_rope_benchmark` -- time against ``head_dim`` and against ``seq`` (log2-log2, reference slopes).
 """
@@ -19,7 +20,7 @@ from matplotlib.ticker import MaxNLocator
 from .. import rope as _rope
 from .explorer import Explorer
 
-__all__ = ["rope_cache_state", "rope_cache_explorer", "plot_angle_precision", "plot_rope_benchmark"]
+__all__ = ["rope_cache_state", "rope_cache_explorer", "layout_pairs", "plot_pairing", "plot_angle_precision", "plot_rope_benchmark"]
 
 
 def _fixed_vector(head_dim: int) -> torch.Tensor:
@@ -160,6 +161,53 @@ def rope_cache_explorer(
         )
 
     return Explorer(controls, compute, draw, fig, summary)
+
+
+def layout_pairs(head_dim: int) -> dict:
+    """Which two dimensions form pair ``i`` in each layout, derived from
+    :func:`helpers.rope.interleaved_to_half_index` (pure, no figure).
+
+    Returns ``{"interleaved": [(2i, 2i+1), ...], "half": [(a_i, b_i), ...]}``: in the half
+    layout, dimension ``p`` holds interleaved coordinate ``perm[p]``, so pair ``i`` (interleaved
+    coordinates ``2i, 2i+1``) sits at the dimensions where ``perm`` equals ``2i`` and ``2i+1``.
+    """
+    perm = _rope.interleaved_to_half_index(head_dim).tolist()
+    where = {coord: p for p, coord in enumerate(perm)}
+    half = head_dim // 2
+    return {
+        "interleaved": [(2 * i, 2 * i + 1) for i in range(half)],
+        "half": [(where[2 * i], where[2 * i + 1]) for i in range(half)],
+    }
+
+
+def plot_pairing(head_dim: int = 8):
+    """Diagram: the ``head_dim`` dimensions of a head as boxes, one row per layout, each pair
+    in its own colour and joined by an arc (see :func:`layout_pairs`).
+    Returns the pyplot figure (call ``plt.show()``)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Arc, Rectangle
+
+    pairs = layout_pairs(head_dim)
+    fig, axes = plt.subplots(2, 1, figsize=(6.4, 3.4), gridspec_kw={"height_ratios": [1, 1.5]})
+    titles = {"interleaved": "interleaved (RoFormer, GPT-J, Meta Llama): pair i = dims (2i, 2i+1)",
+              "half": "half-split (GPT-NeoX, HF Llama rotate_half): pair i = dims (i, i + d/2)"}
+    for ax, (layout, plist) in zip(axes, pairs.items()):
+        for i, (a, b) in enumerate(plist):
+            color = f"C{i % 10}"
+            for dim in (a, b):
+                ax.add_patch(Rectangle((dim, 0), 0.9, 0.9, facecolor=color, alpha=0.35, edgecolor=color))
+                ax.text(dim + 0.45, 0.45, f"{dim}", ha="center", va="center", fontsize=8)
+            centre, width = (a + b) / 2 + 0.45, abs(b - a)
+            height = 0.5 + 0.25 * width + (0.35 * i if layout == "half" else 0.0)  # stagger the crossing arcs
+            ax.add_patch(Arc((centre, 0.9), width, height, theta1=0, theta2=180, color=color, lw=1.5))
+            ax.text(centre, 0.9 + height / 2 + 0.05, f"pair {i}", ha="center", va="bottom", fontsize=7, color=color)
+        ax.set_xlim(-0.2, head_dim + 0.1)
+        ax.set_ylim(-0.2, 0.9 + (0.5 + 0.25 * head_dim / 2 + 0.35 * head_dim / 2) / 2 + 0.4)
+        ax.set_title(titles[layout], fontsize=8.5)
+        ax.axis("off")
+    fig.suptitle(f"which dimensions rotate together, head_dim = {head_dim} (boxes: dimension index)", fontsize=9)
+    fig.tight_layout()
+    return fig
 
 
 def plot_angle_precision(
