@@ -571,7 +571,7 @@ def apply_rope(
             return _rotate_complex(x, torch.complex(cos, sin))
         return _rotate(x, cos, sin, layout)
     if scale != 1.0:
-        positions = _positions_tensor(positions, seq, x.device, adt, x.shape) / _check_scale(scale, "scale")  # PI: m -> m/s
+        positions = _positions_tensor(positions, seq, x.device, adt) / _check_scale(scale, "scale")  # PI: m -> m/s
     if positions is None:
         cos, sin, rot = _cached_tables(seq, d, base, str(x.device), adt)
     else:
