@@ -48,6 +48,7 @@ from .tasks import (
     MixedTask,
     Split,
     Task,
+    TwoPositionTask,
     accuracy,
     make_task,
     sequence_accuracy,
@@ -60,7 +61,6 @@ from .check import (
 )
 from .heads import (
     PruningCurve,
-    TwoPositionTask,
     ablation_importance,
     attention_at_offset,
     attention_entropy,

@@ -18,8 +18,10 @@ Taught in ``notebooks/05_head_redundancy.ipynb``. Everything here works on a
   criteria for the roles heads play (previous-token, fixed offset, induction; Olsson et
   al. 2022).
 * :func:`attention_entropy` -- how spread out attention is (collapse shows as low entropy).
-* :class:`TwoPositionTask` -- a next-token task whose answer needs the tokens at two
-  different offsets at once (single head vs multi-head, sec. 5 of the notebook).
+* :func:`mean_pool_kv_heads` -- turn a multi-head model into a grouped-query one by
+  mean-pooling the key and value heads of each group (Ainslie et al. 2023's uptraining).
+* :class:`TwoPositionTask` -- re-exported from :mod:`helpers.tasks`, where it now lives
+  (single head vs multi-head, sec. 5 of the notebook).
 
 Heads are numbered ``(layer, head)``; flattened, head ``(l, h)`` is index ``l * num_heads + h``.
 Data are given as ``batches``: one ``(inputs, targets)`` pair of long tensors
@@ -28,6 +30,7 @@ or a list of such pairs.
 """
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
@@ -36,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .tasks import IGNORE_INDEX, Task, _check_int
+from .tasks import IGNORE_INDEX, Task, TwoPositionTask, _check_int  # TwoPositionTask: re-exported (it moved to tasks)
 from .train import _model_device, _to_device, evaluate
 
 __all__ = [
@@ -52,6 +55,7 @@ __all__ = [
     "induction_score",
     "label_heads",
     "attention_entropy",
+    "mean_pool_kv_heads",
     "TwoPositionTask",
 ]
 
@@ -276,6 +280,7 @@ def pruning_curve(
     seed: int = 0,
     heads_per_step: int = 1,
     normalize: bool = False,
+    importance_batches: Optional[Batches] = None,
 ) -> PruningCurve:
     r"""Prune heads step by step and record accuracy and loss after each step.
 
@@ -293,14 +298,17 @@ def pruning_curve(
 
     Args:
         model: a :class:`~helpers.model.TinyTransformer`.
-        batches: ``(inputs, targets)`` or a list of pairs; both the importance and the
-            metrics are computed on them.
+        batches: ``(inputs, targets)`` or a list of pairs; the metrics are computed on
+            them, and the importance too unless ``importance_batches`` is given.
         order: see above.
         recompute: for ``"importance"`` only.
         seed: for ``"random"`` only.
         heads_per_step: heads removed between two measurements (>= 1); the last step may
             remove fewer.
         normalize: layer-normalise the importance scores (see :func:`head_importance`).
+        importance_batches: data to estimate the importance on, if not ``batches`` (Michel
+            et al. estimate it on training data and report the metric on held-out data;
+            pass the training data here and held-out data as ``batches``).
 
     Returns:
         :class:`PruningCurve` with ``ceil(N / heads_per_step) + 1`` points, ``N`` the number
@@ -308,6 +316,7 @@ def pruning_curve(
     """
     _check_model(model)
     data = _as_batches(batches)
+    imp_data = data if importance_batches is None else _as_batches(importance_batches)
     _check_int(heads_per_step, "heads_per_step", 1)
     _check_int(seed, "seed", 0)
     L, H = _heads(model)
@@ -323,7 +332,7 @@ def pruning_curve(
             fixed = [(i // H, i % H) for i in perm]
             name = f"random (seed {seed})"
         elif not recompute:
-            fixed = _order_by_scores(head_importance(model, data, normalize=normalize).cpu(), L, H)
+            fixed = _order_by_scores(head_importance(model, imp_data, normalize=normalize).cpu(), L, H)
             name = "importance (fixed)"
         else:
             name = "importance (recomputed)"
@@ -355,7 +364,7 @@ def pruning_curve(
             if fixed is not None:
                 nxt = fixed[len(pruned)]
             else:
-                imp = head_importance(model, data, normalize=normalize, head_mask=mask).cpu()
+                imp = head_importance(model, imp_data, normalize=normalize, head_mask=mask).cpu()
                 imp = imp.masked_fill(mask == 0, float("inf"))
                 i = int(torch.argmin(imp.flatten()))
                 nxt = (i // H, i % H)
@@ -646,47 +655,51 @@ def attention_entropy(weights: torch.Tensor) -> torch.Tensor:
     return (-torch.xlogy(weights, weights).sum(-1)).mean(-1)
 
 
-# --------------------------------------------------------------------------- task
-class TwoPositionTask(Task):
-    r"""Emit the *pair* of tokens found at two fixed offsets back: ``(x[t-a], x[t-b])``.
+# ------------------------------------------------------------------ grouped-query conversion
+def mean_pool_kv_heads(model: nn.Module, num_kv_heads: int) -> nn.Module:
+    r"""A copy of a multi-head model whose key and value heads are mean-pooled into ``num_kv_heads`` groups.
 
-    Inputs are uniform random symbols ``0 .. S-1`` (``S = num_symbols``); at every position
-    :math:`t \ge \max(a, b)` the target is one token that names the ordered pair,
+    Ainslie et al. (2023), "GQA", sec. 2.1: a multi-head checkpoint becomes a grouped-query
+    one by averaging, in every layer, the key projections (and the value projections) of
+    the :math:`r = h/g` heads of each group; the model is then trained a little more
+    ("uptraining"). With :math:`W^K_j` the ``(head_dim, d_model)`` block of head :math:`j`,
 
-    .. math:: y_t = S + S\cdot x_{t-a} + x_{t-b},
+    .. math:: W^K_{\text{group } i} = \frac1r \sum_{j = ir}^{ir + r - 1} W^K_j \quad(\text{same for } W^V \text{ and the biases}),
 
-    so ``vocab_size = S + S^2`` (``S`` input symbols, then ``S^2`` pair tokens, printed
-    ``"i:j"``). Solving it in one layer means reading two different positions *at once*:
-    two heads can each copy one of them into their own subspace, while one head produces
-    one convex mixture :math:`w_a v(x_{t-a}) + w_b v(x_{t-b}) + \dots` from which the order
-    must be decoded (notebook 05, sec. 5).
+    and group :math:`i` serves query heads :math:`ir, \dots, ir + r - 1`, the order of
+    :meth:`helpers.attention.MultiHeadAttention.repeat_kv`. RoPE rotates every head's
+    keys the same way, so pooling before it equals pooling after it. Queries, outputs,
+    feed-forward layers and embeddings are copied unchanged.
+
+    Args:
+        model: a :class:`~helpers.model.TinyTransformer` with ``num_kv_heads == num_heads``.
+        num_kv_heads: ``g``, a divisor of ``num_heads`` (1: multi-query attention).
+
+    Returns:
+        A new model (the input is not modified), in the input's train/eval mode.
     """
-
-    def __init__(self, num_symbols: int = 8, seq_len: int = 12, offsets: tuple[int, int] = (1, 3)) -> None:
-        self.num_symbols = _check_int(num_symbols, "num_symbols", 2)
-        self.seq_len = _check_int(seq_len, "seq_len", 2)
-        if (not isinstance(offsets, (tuple, list)) or len(offsets) != 2
-                or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
-            raise TypeError(f"offsets must be a pair of ints (a, b), got {offsets!r}")
-        a, b = offsets
-        if a < 1 or b < 1 or a == b or max(a, b) >= seq_len:
-            raise ValueError(f"offsets must be two different ints in [1, seq_len={seq_len}), got {tuple(offsets)}")
-        self.offsets = (int(a), int(b))
-        self.name = f"two-position{self.offsets}"
-        self.vocab_size = num_symbols + num_symbols ** 2
-
-    def _params(self) -> str:
-        return f"num_symbols={self.num_symbols}, seq_len={self.seq_len}, offsets={self.offsets}"
-
-    def token_names(self) -> list[str]:
-        S = self.num_symbols
-        return [str(i) for i in range(S)] + [f"{i}:{j}" for i in range(S) for j in range(S)]
-
-    def _generate(self, n, g):
-        S, n_pos = self.num_symbols, self.seq_len
-        a, b = self.offsets
-        m = max(a, b)
-        x = torch.randint(0, S, (n, n_pos), generator=g)
-        y = torch.full_like(x, IGNORE_INDEX)
-        y[:, m:] = S + S * x[:, m - a : n_pos - a] + x[:, m - b : n_pos - b]
-        return x, y
+    _check_model(model)
+    L, H = _heads(model)
+    _check_int(num_kv_heads, "num_kv_heads", 1)
+    if getattr(model, "num_kv_heads", H) != H:
+        raise ValueError(f"model must be multi-head (num_kv_heads == num_heads = {H}), "
+                         f"got num_kv_heads={model.num_kv_heads}")
+    if H % num_kv_heads != 0:
+        raise ValueError(f"num_kv_heads must divide num_heads = {H}, got {num_kv_heads}")
+    g, r = num_kv_heads, H // num_kv_heads
+    new = copy.deepcopy(model)
+    for block in new.blocks:
+        attn = block.attn
+        hd_ = attn.head_dim
+        for name in ("linear_k", "linear_v"):
+            old = getattr(attn, name)
+            d_in = old.weight.shape[1]
+            lin = nn.Linear(d_in, g * hd_, bias=old.bias is not None).to(old.weight.device, old.weight.dtype)
+            with torch.no_grad():
+                lin.weight.copy_(old.weight.view(g, r, hd_, d_in).mean(1).reshape(g * hd_, d_in))
+                if old.bias is not None:
+                    lin.bias.copy_(old.bias.view(g, r, hd_).mean(1).reshape(g * hd_))
+            setattr(attn, name, lin)
+        attn.num_kv_heads = g
+    new.num_kv_heads = g
+    return new

@@ -23,6 +23,8 @@ Tasks (the relation an attention head must implement):
   al. 2022, "In-context Learning and Induction Heads"), i.e. two layers.
 * :class:`MixedTask` -- each example is drawn from one of several tasks, announced by a
   task token at position 0 and right-padded.
+* :class:`TwoPositionTask` -- emit the ordered pair ``(x[t-a], x[t-b])``: two positions
+  read at once (notebook 05: one head vs several heads at equal size).
 
 Randomness comes only from an explicit ``torch.Generator`` seeded with ``seed``: the
 same seed gives the same tensors on every machine.
@@ -45,6 +47,7 @@ __all__ = [
     "make_task",
     "accuracy",
     "sequence_accuracy",
+    "TwoPositionTask",
 ]
 
 IGNORE_INDEX = -100
@@ -369,6 +372,53 @@ def make_task(name: str, **kwargs) -> Task:
         tasks = kwargs.pop("tasks", None) or [LookbackTask(seq_len=15, k=2), AssociativeRecallTask()]
         return MixedTask(tasks, **kwargs)
     raise ValueError(f"name must be one of ('copy', 'reverse', 'lookback', 'recall', 'mixed'), got {name!r}")
+
+
+class TwoPositionTask(Task):
+    r"""Emit the *pair* of tokens found at two fixed offsets back: ``(x[t-a], x[t-b])``.
+
+    Inputs are uniform random symbols ``0 .. S-1`` (``S = num_symbols``); at every position
+    :math:`t \ge \max(a, b)` the target is one token that names the ordered pair,
+
+    .. math:: y_t = S + S\cdot x_{t-a} + x_{t-b},
+
+    so ``vocab_size = S + S^2`` (``S`` input symbols, then ``S^2`` pair tokens, printed
+    ``"i:j"``). Solving it in one layer means reading two different positions *at once*:
+    two heads can each copy one of them into their own subspace, while one head produces
+    one convex mixture :math:`w_a v(x_{t-a}) + w_b v(x_{t-b}) + \dots` from which the order
+    must be decoded (notebook 05, sec. 5).
+
+    Moved here from :mod:`helpers.heads` (which still re-exports it).
+    """
+
+    def __init__(self, num_symbols: int = 8, seq_len: int = 12, offsets: tuple[int, int] = (1, 3)) -> None:
+        self.num_symbols = _check_int(num_symbols, "num_symbols", 2)
+        self.seq_len = _check_int(seq_len, "seq_len", 2)
+        if (not isinstance(offsets, (tuple, list)) or len(offsets) != 2
+                or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
+            raise TypeError(f"offsets must be a pair of ints (a, b), got {offsets!r}")
+        a, b = offsets
+        if a < 1 or b < 1 or a == b or max(a, b) >= seq_len:
+            raise ValueError(f"offsets must be two different ints in [1, seq_len={seq_len}), got {tuple(offsets)}")
+        self.offsets = (int(a), int(b))
+        self.name = f"two-position{self.offsets}"
+        self.vocab_size = num_symbols + num_symbols ** 2
+
+    def _params(self) -> str:
+        return f"num_symbols={self.num_symbols}, seq_len={self.seq_len}, offsets={self.offsets}"
+
+    def token_names(self) -> list[str]:
+        S = self.num_symbols
+        return [str(i) for i in range(S)] + [f"{i}:{j}" for i in range(S) for j in range(S)]
+
+    def _generate(self, n, g):
+        S, n_pos = self.num_symbols, self.seq_len
+        a, b = self.offsets
+        m = max(a, b)
+        x = torch.randint(0, S, (n, n_pos), generator=g)
+        y = torch.full_like(x, IGNORE_INDEX)
+        y[:, m:] = S + S * x[:, m - a : n_pos - a] + x[:, m - b : n_pos - b]
+        return x, y
 
 
 # ------------------------------------------------------------------------- notebook 06

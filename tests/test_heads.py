@@ -321,3 +321,81 @@ def test_errors(model, data):
         hd.TwoPositionTask(8, 12, 3)
     with pytest.raises(ValueError, match=r"num_symbols must be >= 2, got 1"):
         hd.TwoPositionTask(1, 12)
+
+
+# ------------------------------------------------------- moved task, held-out pruning, GQA conversion
+def test_two_position_task_moved_to_tasks_and_still_importable_from_heads():
+    import helpers
+    from helpers import tasks
+
+    assert hd.TwoPositionTask is tasks.TwoPositionTask is helpers.TwoPositionTask
+    assert "TwoPositionTask" in tasks.__all__ and "TwoPositionTask" in hd.__all__
+
+
+def test_pruning_curve_importance_on_other_data_metrics_on_given_data(model, data):
+    x, y = data
+    imp_data = LookbackTask(num_symbols=10, seq_len=12, k=2).make(24, seed=7)
+    c = hd.pruning_curve(model, data, "importance", recompute=False, importance_batches=imp_data)
+    # the order is that of the importance on imp_data, not on data
+    expected = torch.argsort(hd.head_importance(model, imp_data).flatten(), stable=True).tolist()
+    assert c.order == [(i // H, i % H) for i in expected]
+    # the metrics are those of data with the recorded masks
+    for k in (0, 3, L * H):
+        loss, acc = hd._evaluate(model, [(x, y)], c.masks[k])
+        assert c.accuracy[k].item() == pytest.approx(acc) and c.loss[k].item() == pytest.approx(loss)
+    # recomputed: the first head pruned is the least important one on imp_data
+    r = hd.pruning_curve(model, data, "importance", recompute=True, importance_batches=imp_data)
+    assert r.order[0] == c.order[0]
+    # ... and each later step is the least important remaining head given the mask, on imp_data
+    imp2 = hd.head_importance(model, imp_data, head_mask=r.masks[1]).masked_fill(r.masks[1] == 0, float("inf"))
+    assert r.order[1] == divmod(int(imp2.flatten().argmin()), H)
+
+
+def test_mean_pool_kv_heads_matches_the_grouped_model_and_the_mean_of_head_blocks(model):
+    x = torch.randint(0, 10, (3, 12), generator=torch.Generator().manual_seed(0))
+    same = hd.mean_pool_kv_heads(model, H)                       # groups of one: nothing changes
+    torch.testing.assert_close(same(x), model(x))
+    pooled = hd.mean_pool_kv_heads(model, 2)
+    ref = TinyTransformer(10, 16, H, L, 12, pos="rope", seed=0, num_kv_heads=2)
+    assert {k: v.shape for k, v in pooled.state_dict().items()} == {k: v.shape for k, v in ref.state_dict().items()}
+    assert pooled.num_kv_heads == 2 and all(b.attn.num_kv_heads == 2 for b in pooled.blocks)
+    assert model.num_kv_heads == H and all(b.attn.num_kv_heads == H for b in model.blocks)   # input untouched
+    hd_ = 16 // H
+    for lyr in range(L):
+        for name in ("linear_k", "linear_v"):
+            w = getattr(model.blocks[lyr].attn, name).weight
+            b = getattr(model.blocks[lyr].attn, name).bias
+            pw = getattr(pooled.blocks[lyr].attn, name).weight
+            pb = getattr(pooled.blocks[lyr].attn, name).bias
+            for grp in range(2):
+                heads = [w[j * hd_ : (j + 1) * hd_] for j in (2 * grp, 2 * grp + 1)]
+                torch.testing.assert_close(pw[grp * hd_ : (grp + 1) * hd_], (heads[0] + heads[1]) / 2)
+                biases = [b[j * hd_ : (j + 1) * hd_] for j in (2 * grp, 2 * grp + 1)]
+                torch.testing.assert_close(pb[grp * hd_ : (grp + 1) * hd_], (biases[0] + biases[1]) / 2)
+    # a loaded grouped model with the pooled weights computes the same function
+    ref.load_state_dict(pooled.state_dict())
+    torch.testing.assert_close(ref.eval()(x), pooled(x))
+
+
+def test_mean_pool_kv_heads_is_exact_when_the_heads_of_a_group_share_keys_and_values(model):
+    dup = TinyTransformer(10, 16, H, L, 12, pos="rope", seed=3).eval()
+    hd_ = 16 // H
+    with torch.no_grad():
+        for blk in dup.blocks:
+            for name in ("linear_k", "linear_v"):
+                lin = getattr(blk.attn, name)
+                lin.weight.view(1, H, hd_, 16)[:] = lin.weight.view(H, hd_, 16)[0]   # every head = head 0
+                lin.bias.view(H, hd_)[:] = lin.bias.view(H, hd_)[0]
+    x = torch.randint(0, 10, (2, 12), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(hd.mean_pool_kv_heads(dup, 1)(x), dup(x), atol=1e-5, rtol=1e-5)
+
+
+def test_mean_pool_kv_heads_errors(model):
+    with pytest.raises(ValueError, match=r"num_kv_heads must divide num_heads = 4, got 3"):
+        hd.mean_pool_kv_heads(model, 3)
+    with pytest.raises(ValueError, match=r"num_kv_heads must be >= 1, got 0"):
+        hd.mean_pool_kv_heads(model, 0)
+    with pytest.raises(TypeError, match=r"num_kv_heads must be an int, got float"):
+        hd.mean_pool_kv_heads(model, 2.0)
+    with pytest.raises(ValueError, match=r"model must be multi-head \(num_kv_heads == num_heads = 4\), got num_kv_heads=2"):
+        hd.mean_pool_kv_heads(hd.mean_pool_kv_heads(model, 2), 1)

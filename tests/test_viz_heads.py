@@ -82,3 +82,40 @@ def test_errors(setup):
         head_explorer_state(maps, data[0][:2], 0, 0, 0)
     with pytest.raises(ValueError, match=r"maps must be a \(num_layers, batch, num_heads, seq, seq\) tensor, got \(2, 2\)"):
         head_explorer_state(torch.ones(2, 2), data[0], 0, 0, 0)
+
+
+def test_spearman_equals_the_textbook_formula_without_ties():
+    from helpers.viz.heads import spearman
+
+    g = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        a, b = torch.randn(2, 8, generator=g), torch.randn(2, 8, generator=g)
+        ra = a.flatten().argsort().argsort().double()
+        rb = b.flatten().argsort().argsort().double()
+        n = 16
+        textbook = 1 - 6 * float(((ra - rb) ** 2).sum()) / (n * (n * n - 1))
+        assert spearman(a, b) == pytest.approx(textbook, abs=1e-12)
+    assert spearman(a, 3 * a + 1) == pytest.approx(1.0) and spearman(a, -a) == pytest.approx(-1.0)
+    with pytest.raises(ValueError, match=r"a and b must be tensors of the same shape with >= 2 entries"):
+        spearman(torch.ones(3), torch.ones(4))
+
+
+def test_plot_score_scatter_labels_every_head_and_returns_rho():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from helpers.viz.heads import plot_score_scatter, spearman
+
+    x = torch.tensor([[0.1, 0.5, 0.2], [0.9, 0.3, 0.05]])
+    y = torch.tensor([[1.0, 4.0, 0.0], [6.0, 2.0, 0.5]])
+    fig, ax = plt.subplots()
+    rho = plot_score_scatter(ax, x, y, xlabel="importance", ylabel="points", title="t", highlight=[(1, 0)], logx=True)
+    assert rho == pytest.approx(spearman(x, y))
+    texts = sorted(t.get_text() for t in ax.texts)
+    assert texts == sorted(f"{l}.{h}" for l in range(2) for h in range(3))
+    assert ax.get_xscale() == "log" and ax.get_xlabel() == "importance" and f"{rho:.2f}" in ax.get_title()
+    with pytest.raises(ValueError, match=r"x and y must be \(num_layers, num_heads\) tensors of the same shape"):
+        plot_score_scatter(ax, x, y[:1], xlabel="a", ylabel="b")
+    plt.close(fig)

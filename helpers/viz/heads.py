@@ -6,6 +6,8 @@
   :class:`~helpers.heads.PruningCurve` objects (nothing is re-evaluated on a slider move).
 * :func:`head_explorer` -- sliders for layer, head and example: that head's attention map,
   with its computed role. Numbers from :func:`head_explorer_state`.
+* :func:`plot_score_scatter` -- two per-head scores against each other (e.g. gradient
+  importance vs ablation), one labelled dot per head, with their Spearman rank correlation.
 
 Both redraw by blitting (fixed axis limits, ``AxesImage.set_data`` with a fixed colour range).
 """
@@ -20,7 +22,8 @@ from matplotlib.figure import Figure
 from ..heads import PruningCurve
 from .explorer import Explorer
 
-__all__ = ["prune_explorer_state", "prune_explorer", "head_explorer_state", "head_explorer"]
+__all__ = ["prune_explorer_state", "prune_explorer", "head_explorer_state", "head_explorer", "spearman",
+           "plot_score_scatter"]
 
 
 def _check_curves(curves) -> dict:
@@ -216,3 +219,60 @@ def head_explorer(maps: torch.Tensor, inputs: torch.Tensor, labels: Optional[Seq
                 f"mean query-key offset {s['mean_offset']:.2f} positions, mean top weight {s['max_weight']:.2f}")
 
     return Explorer(controls, compute, draw, fig, summary, animated=[img, title, tok_text])
+
+
+def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
+    r"""Spearman's rank correlation of two score tensors of the same shape (flattened).
+
+    .. math:: \rho = \operatorname{corr}(\operatorname{rank}(a), \operatorname{rank}(b)),
+
+    ranks 0 .. n-1 with ties broken by position (``argsort(stable=True)``). Equals
+    ``scipy.stats.spearmanr`` when there are no ties.
+    """
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.shape != b.shape or a.numel() < 2:
+        raise ValueError(f"a and b must be tensors of the same shape with >= 2 entries, got "
+                         f"{getattr(a, 'shape', type(a).__name__)} and {getattr(b, 'shape', type(b).__name__)}")
+
+    def ranks(v):
+        r = torch.empty(v.numel(), dtype=torch.float64)
+        r[v.flatten().argsort(stable=True)] = torch.arange(v.numel(), dtype=torch.float64)
+        return r
+
+    return float(torch.corrcoef(torch.stack([ranks(a), ranks(b)]))[0, 1])
+
+
+def plot_score_scatter(ax, x: torch.Tensor, y: torch.Tensor, *, xlabel: str, ylabel: str, title: str = "",
+                       highlight: Sequence[tuple[int, int]] = (), logx: bool = False):
+    """One dot per head ``(layer, head)`` at ``(x[l, h], y[l, h])``, labelled ``"l.h"``, colour = layer.
+
+    Args:
+        ax: matplotlib axes.
+        x, y: ``(num_layers, num_heads)`` scores of the same heads.
+        xlabel, ylabel: axis labels with units.
+        title: the Spearman rank correlation is appended.
+        highlight: heads drawn with a black ring (e.g. the two that matter most).
+        logx: logarithmic x axis (gradient importances span orders of magnitude).
+
+    Returns:
+        Spearman's rho (float), also shown in the title.
+    """
+    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor) or x.dim() != 2 or x.shape != y.shape:
+        raise ValueError(f"x and y must be (num_layers, num_heads) tensors of the same shape, got "
+                         f"{getattr(x, 'shape', type(x).__name__)} and {getattr(y, 'shape', type(y).__name__)}")
+    rho = spearman(x, y)
+    L, H = x.shape
+    for l in range(L):
+        ax.scatter(x[l].tolist(), y[l].tolist(), s=28, color=f"C{l}", label=f"layer {l}", zorder=3)
+        for h in range(H):
+            ax.annotate(f"{l}.{h}", (float(x[l, h]), float(y[l, h])), xytext=(3, 3), textcoords="offset points",
+                        fontsize=7)
+    for l, h in highlight:
+        ax.scatter([float(x[l, h])], [float(y[l, h])], s=110, facecolors="none", edgecolors="k", zorder=4)
+    if logx:
+        ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"{title} (Spearman rank correlation {rho:.2f})" if title else f"Spearman rank correlation {rho:.2f}",
+                 fontsize=10)
+    ax.legend(fontsize=7, loc="upper left")
+    return rho
