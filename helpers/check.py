@@ -358,6 +358,8 @@ class TestInput:
         args: the positional arguments.
         call: how the report names the call when the learner's code raises
             (``"forward(query, key, value)"``).
+        atol, rtol: tolerances for this input only (e.g. looser for bfloat16 inputs);
+            ``None`` uses those given to :func:`diagnose`.
     """
 
     __test__ = False  # not a pytest test class, whatever its name
@@ -365,6 +367,8 @@ class TestInput:
     label: str
     args: tuple
     call: str = "your function"
+    atol: Optional[float] = None
+    rtol: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -531,7 +535,8 @@ def diagnose(
         reference: the correct function, same signature.
         mistakes: the planted mistakes, in the order they are tried.
         inputs: the inputs, in the order they are checked.
-        atol, rtol: tolerances of the comparisons (also between the learner and a mistake).
+        atol, rtol: tolerances of the comparisons (also between the learner and a mistake);
+            an input's own ``TestInput.atol``/``rtol`` override them for that input.
         exception_kind: the diagnosis when the learner's code raises and no mistake reproduces it.
         unknown_hint: appended to the message when no mistake reproduces a numerical difference.
         pass_message: the message of a PASS.
@@ -544,6 +549,11 @@ def diagnose(
         raise ValueError("inputs must list at least one TestInput, got none")
     with torch.random.fork_rng(devices=[]):  # whatever the code under test draws, the caller's RNG is untouched
         return _diagnose(learner, reference, mistakes, inputs, atol, rtol, exception_kind, unknown_hint, pass_message)
+
+
+def _tolerances(t: TestInput, atol: float, rtol: float) -> tuple[float, float]:
+    """The input's own tolerances where it sets them, else the call's."""
+    return (atol if t.atol is None else t.atol), (rtol if t.rtol is None else t.rtol)
 
 
 def _diagnose(learner, reference, mistakes, inputs, atol, rtol, exception_kind, unknown_hint, pass_message) -> CheckResult:
@@ -560,7 +570,7 @@ def _diagnose(learner, reference, mistakes, inputs, atol, rtol, exception_kind, 
             if out[0] == "raised":
                 failed = (i, out[1])
             else:
-                m = _compare(out[1], exp, atol, rtol)
+                m = _compare(out[1], exp, *_tolerances(t, atol, rtol))
                 if m is not None:
                     failed = (i, m)
     if failed is None:
@@ -580,9 +590,10 @@ def _diagnose(learner, reference, mistakes, inputs, atol, rtol, exception_kind, 
         differs_somewhere = False
         for j, tj in enumerate(inputs):
             cand = _run(mistake.fn, tj.args)
-            if not _same_outcome(outcomes[j], cand, atol, rtol):
+            tol = _tolerances(tj, atol, rtol)
+            if not _same_outcome(outcomes[j], cand, *tol):
                 break
-            differs_somewhere = differs_somewhere or not _same_outcome(cand, ("ok", expected[j]), atol, rtol)
+            differs_somewhere = differs_somewhere or not _same_outcome(cand, ("ok", expected[j]), *tol)
         else:
             if differs_somewhere:
                 return CheckResult(False, mistake.name, f"{symptom}{detail}. {mistake.advice}", diff, symptom, t.label, labels)

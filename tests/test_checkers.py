@@ -1,0 +1,260 @@
+"""Tests of the "write it from memory" checkers of notebooks 01-07 (helpers.check_* modules).
+
+For every checker: the worked solution and the library references pass; every planted mistake
+(and every variant of one) is diagnosed by its name with its advice; a learner's exception
+becomes a FAIL message; a wrong function that matches no planted mistake reports the first
+differing input and by how much. The checkers' references are checked against torch itself.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers.check import CheckResult, TestInput, diagnose
+from helpers.exercises import mistake_symptoms
+from helpers.check_rope import (
+    ROPE_ADVICE, ROPE_HALF_MISTAKES, ROPE_INTERLEAVED_MISTAKES, ROTATION_MATRIX_ADVICE, ROTATION_MATRIX_MISTAKES,
+    _ROPE_VARIANTS, check_rope_half, check_rope_interleaved, check_rotation_matrix, rope_half_solution,
+    rope_interleaved_solution, rotation_matrix_solution,
+)
+from helpers.check_attention import (
+    SDPA_ADVICE, SDPA_MISTAKES, _SDPA_VARIANTS, _sdpa_inputs, _sdpa_reference, causal_sdpa_solution, check_causal_sdpa,
+)
+from helpers.check_regularization import (
+    DROPOUT_ADVICE, DROPOUT_MISTAKES, LABEL_SMOOTHING_ADVICE, LABEL_SMOOTHING_MISTAKES, LABEL_SMOOTHING_SOLUTIONS,
+    _DROPOUT_VARIANTS, _ls_inputs, check_dropout, check_label_smoothing, dropout_solution,
+)
+from helpers.check_heads import (
+    HEAD_IMPORTANCE_ADVICE, HEAD_IMPORTANCE_MISTAKES, check_head_importance, head_importance_solution,
+)
+from helpers.regularization import dropout, label_smoothing_cross_entropy
+from helpers.rope import apply_rope, rotation_matrix
+
+# (id, check, solution, mistakes, advice, variants, check kwargs)
+CHECKERS = [
+    ("rotation_matrix", check_rotation_matrix, rotation_matrix_solution, ROTATION_MATRIX_MISTAKES,
+     ROTATION_MATRIX_ADVICE, [], {}),
+    ("rope_interleaved", check_rope_interleaved, rope_interleaved_solution, ROPE_INTERLEAVED_MISTAKES, ROPE_ADVICE,
+     _ROPE_VARIANTS, {}),
+    ("rope_half", check_rope_half, rope_half_solution, ROPE_HALF_MISTAKES, ROPE_ADVICE, _ROPE_VARIANTS, {}),
+    ("causal_sdpa", check_causal_sdpa, causal_sdpa_solution, SDPA_MISTAKES, SDPA_ADVICE, _SDPA_VARIANTS, {}),
+    ("dropout", check_dropout, dropout_solution, DROPOUT_MISTAKES, DROPOUT_ADVICE, _DROPOUT_VARIANTS, {}),
+    ("label_smoothing_uniform", check_label_smoothing, LABEL_SMOOTHING_SOLUTIONS["uniform"],
+     LABEL_SMOOTHING_MISTAKES["uniform"], LABEL_SMOOTHING_ADVICE, [], {"convention": "uniform"}),
+    ("label_smoothing_others", check_label_smoothing, LABEL_SMOOTHING_SOLUTIONS["others"],
+     LABEL_SMOOTHING_MISTAKES["others"], LABEL_SMOOTHING_ADVICE, [], {"convention": "others"}),
+    ("head_importance", check_head_importance, head_importance_solution, HEAD_IMPORTANCE_MISTAKES,
+     HEAD_IMPORTANCE_ADVICE, [], {}),
+]
+IDS = [c[0] for c in CHECKERS]
+BY_ID = {c[0]: c for c in CHECKERS}
+MISTAKE_CASES = [(c[0], name, f) for c in CHECKERS for name, f in list(c[3].items()) + list(c[5])]
+
+
+def _case_id(case):
+    return f"{case[0]}-{case[1]}"
+
+
+@pytest.mark.parametrize("cid", IDS)
+def test_solution_passes(cid):
+    _, check, solution, _, _, _, kw = BY_ID[cid]
+    r = check(solution, **kw)
+    assert isinstance(r, CheckResult)
+    assert r.passed and r.diagnosis is None and str(r).startswith("PASS"), r.message
+
+
+@pytest.mark.parametrize("case", MISTAKE_CASES, ids=[_case_id(c) for c in MISTAKE_CASES])
+def test_each_planted_mistake_is_diagnosed_by_name(case):
+    cid, name, mistake = case
+    _, check, _, _, advice, _, kw = BY_ID[cid]
+    r = check(mistake, **kw)
+    assert not r.passed and r.diagnosis == name, r.message
+    assert r.message.startswith("FAIL") and advice[name] in r.message
+    assert f"({name})" in r.message  # the printed verdict names the mistake
+    assert "max |diff| = " in r.symptom and r.failed_input in r.inputs
+
+
+@pytest.mark.parametrize("cid", IDS)
+def test_every_mistake_has_advice_and_differs_from_the_solution(cid):
+    _, check, _, mistakes, advice, variants, kw = BY_ID[cid]
+    assert set(mistakes) | {n for n, _ in variants} <= set(advice)
+    table = mistake_symptoms(check, mistakes, **kw)
+    assert list(table) == list(mistakes) and all(s.startswith("FAIL") for s in table.values())
+
+
+def _raiser(*args, **kwargs):
+    raise RuntimeError("my code is broken")
+
+
+@pytest.mark.parametrize("cid", IDS)
+def test_learner_exception_becomes_a_fail_message(cid):
+    _, check, _, _, _, _, kw = BY_ID[cid]
+    r = check(_raiser, **kw)
+    assert not r.passed and r.diagnosis == "exception"
+    assert "raised RuntimeError: my code is broken" in r.message and r.message.startswith("FAIL")
+    assert r.failed_input == r.inputs[0]
+
+
+def _perturbed(solution, amount=0.5):
+    @functools.wraps(solution)
+    def wrong(*args, **kwargs):
+        return solution(*args, **kwargs) * (1 + amount)
+    return wrong
+
+
+@pytest.mark.parametrize("cid", IDS)
+def test_unknown_mistake_reports_first_differing_input(cid):
+    _, check, solution, _, _, _, kw = BY_ID[cid]
+    r = check(_perturbed(solution), **kw)
+    assert not r.passed and r.diagnosis == "unknown", r.message
+    assert "no single common mistake reproduces it" in r.message
+    assert r.failed_input == r.inputs[0] and r.symptom.startswith(f"FAIL {r.inputs[0]} (max |diff| = ")
+    assert r.max_abs_diff > 0 and math.isfinite(r.max_abs_diff)
+
+
+@pytest.mark.parametrize("cid", IDS)
+def test_wrong_return_type_and_non_callable(cid):
+    _, check, _, _, _, _, kw = BY_ID[cid]
+    r = check(lambda *a, **k: "oops", **kw)
+    assert r.diagnosis == "interface" and "must return" in r.message and "got str" in r.message
+    with pytest.raises(TypeError, match=r"fn must be a function \(your implementation\), got int"):
+        check(3, **kw)
+
+
+@pytest.mark.parametrize("cid", ["rope_interleaved", "causal_sdpa", "dropout", "label_smoothing_uniform"])
+def test_in_place_learner_does_not_change_what_the_mistakes_see(cid):
+    """A learner that edits its input in place works on its own copy: the planted mistakes, run
+    afterwards on the same test input, still see the original (else no mistake would match)."""
+    _, check, _, mistakes, _, _, kw = BY_ID[cid]
+    name, mistake = next(iter(mistakes.items()))
+
+    def in_place(*args, **kwargs):
+        out = mistake(*args, **kwargs).clone()
+        args[0].mul_(0)  # clobbers its input after computing
+        return out
+
+    assert check(in_place, **kw).diagnosis == name
+
+
+def test_global_rng_untouched():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    for cid in IDS:
+        _, check, solution, _, _, _, kw = BY_ID[cid]
+        check(solution, **kw)
+    assert torch.equal(torch.rand(3), expected)
+
+
+# ------------------------------------------------------------ per-checker specifics
+def test_rotation_matrix_accepts_numpy_and_the_library():
+    np = pytest.importorskip("numpy")
+    assert check_rotation_matrix(lambda m, d, base=10000: rotation_matrix_solution(m, d, base).numpy()).passed
+    assert check_rotation_matrix(lambda m, d, base=10000: rotation_matrix(m, d, base)).passed
+    assert isinstance(np.zeros(1), np.ndarray)
+
+
+def test_rotation_matrix_reference_is_the_notes_matrix():
+    """Independent of helpers: R_m @ x equals the notes' element-wise formula (x*cos + x_swapped*(-sin, sin))."""
+    d, m = 8, 3
+    theta = 10000 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    x = torch.randn(d, dtype=torch.float64)
+    cos, sin = torch.cos(m * theta).repeat_interleave(2), torch.sin(m * theta).repeat_interleave(2)
+    swapped = torch.stack([x[1::2], x[0::2]], -1).flatten()
+    signs = torch.tensor([-1.0, 1.0], dtype=torch.float64).repeat(d // 2)
+    torch.testing.assert_close(rotation_matrix_solution(m, d) @ x, x * cos + swapped * signs * sin)
+
+
+def test_rope_library_passes_and_layouts_are_not_interchangeable():
+    assert check_rope_interleaved(apply_rope).passed
+    assert check_rope_half(functools.partial(apply_rope, layout="half")).passed
+    assert check_rope_interleaved(rope_half_solution).diagnosis == "wrong_layout"
+    assert check_rope_half(rope_interleaved_solution).diagnosis == "wrong_layout"
+
+
+def test_rope_bfloat16_input_is_where_bf16_angles_show():
+    r = check_rope_half(ROPE_HALF_MISTAKES["angles_in_input_dtype"])
+    assert r.failed_input == "on x (1, 2, 7, 16) bfloat16 at positions 3000..3006"
+    assert r.max_abs_diff > 1.0  # radians off, not rounding
+    # float32 throughout (no cast back to bfloat16) is within the bfloat16 tolerance: a PASS
+    assert check_rope_half(lambda x, positions=None: rope_half_solution(x.float(), positions)).passed
+
+
+def test_sdpa_reference_equals_torch():
+    for t in _sdpa_inputs(0):
+        q, k, v, causal = t.args
+        torch.testing.assert_close(_sdpa_reference(q, k, v, causal),
+                                   F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+    torch_sdpa = lambda q, k, v, causal=False: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    assert check_causal_sdpa(torch_sdpa).passed
+
+
+def test_sdpa_accepts_output_weights_tuple():
+    from helpers.attention import causal_mask, scaled_dot_product_attention
+
+    def with_weights(q, k, v, causal=False):
+        return scaled_dot_product_attention(q, k, v, mask=causal_mask(q.shape[-2]) if causal else None)
+
+    assert check_causal_sdpa(with_weights).passed
+
+
+def test_dropout_library_passes_and_generator_makes_it_exact():
+    assert check_dropout(dropout).passed
+    x = torch.randn(4, 7)
+    a = dropout_solution(x, 0.3, True, torch.Generator().manual_seed(5))
+    b = dropout(x, 0.3, True, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(a, b) and bool((a == 0).any())
+    # ignoring the generator (global RNG) draws another mask: not a planted mistake, first input reported
+    r = check_dropout(lambda x, p, training=True, generator=None: dropout_solution(x, p, training, None))
+    assert r.diagnosis == "unknown" and r.failed_input == r.inputs[0]
+
+
+def test_label_smoothing_reference_equals_torch():
+    for t in _ls_inputs(0):
+        logits, target, eps, ii = t.args
+        torch.testing.assert_close(label_smoothing_cross_entropy(logits, target, eps, "uniform", ignore_index=ii),
+                                   F.cross_entropy(logits, target, label_smoothing=eps, ignore_index=ii))
+
+    def torch_ls(logits, target, eps, ignore_index=-100):
+        return F.cross_entropy(logits, target, label_smoothing=eps, ignore_index=ignore_index)
+
+    assert check_label_smoothing(torch_ls, "uniform").passed
+    assert check_label_smoothing(torch_ls, "others").diagnosis == "wrong_convention"
+
+
+def test_label_smoothing_others_equals_uniform_with_rescaled_eps():
+    from helpers.regularization import uniform_eps_from_others
+    for t in _ls_inputs(0):
+        logits, target, eps, ii = t.args
+        V = logits.shape[1]
+        torch.testing.assert_close(
+            LABEL_SMOOTHING_SOLUTIONS["others"](logits, target, eps, ii),
+            F.cross_entropy(logits, target, label_smoothing=uniform_eps_from_others(eps, V), ignore_index=ii))
+
+
+def test_label_smoothing_convention_error():
+    with pytest.raises(ValueError, match=r"convention must be one of \('uniform', 'others'\), got 'notes'"):
+        check_label_smoothing(LABEL_SMOOTHING_SOLUTIONS["others"], "notes")
+
+
+def test_head_importance_library_and_batched_solution_pass():
+    from helpers.heads import head_importance
+
+    def batched(model, inputs, targets):  # the per-example gate of shape (batch, L, H): one backward pass
+        return head_importance(model, (inputs, targets))
+
+    assert check_head_importance(batched).passed
+
+
+def test_per_input_tolerance_of_the_engine():
+    ref = lambda x: x
+    off = lambda x: x + 0.01
+    loose = [TestInput("loose", (torch.zeros(3),), atol=0.1)]
+    tight = [TestInput("tight", (torch.zeros(3),))]
+    assert diagnose(off, ref, [], loose).passed
+    r = diagnose(off, ref, [], tight)
+    assert not r.passed and r.failed_input == "tight"
