@@ -11,9 +11,52 @@ The numerical modules (``rope``, ...) never plot. An explorer is built from
 move re-renders it to PNG into an ``ipywidgets.Image``: no figure is re-created, so a
 redraw takes tens of milliseconds. ``explorer.last_ms`` holds the time of the last update
 (compute + draw + render), and ``explorer.state`` the last computed dict.
+
+Readable where no kernel runs
+-----------------------------
+A learner often first reads a notebook on GitHub, in nbviewer or in an HTML export, where no
+kernel runs and a bare widget is an empty box. So displaying an explorer publishes **one output
+whose mime bundle carries three representations** (:meth:`Explorer._repr_mimebundle_`):
+
+* ``application/vnd.jupyter.widget-view+json``: the live sliders;
+* ``image/png``: the figure as it is when displayed (its initial state), the same bytes the
+  widget shows;
+* ``text/plain``: one stable line naming the explorer's settings.
+
+Each front end picks one of them:
+
+* **JupyterLab 4.6, cells run**: outputs from a live kernel are trusted, and the rendermime
+  registry then takes the highest-ranked renderer present, the widget view (rank -10, ahead
+  of ``image/png``): the live explorer. (``preferredMimeType(data, trusted ? 'any' :
+  'ensure')`` in ``@jupyterlab/outputarea``; read in the installed 4.6 bundle.)
+* **JupyterLab, notebook opened without running it**: a cloned or downloaded notebook is not
+  trusted (``nbconvert --execute`` does not sign it); ``'ensure'`` allows only *safe*
+  renderers, and ``@jupyter-widgets/jupyterlab-manager`` registers its widget renderer with
+  ``safe: false``, so the PNG is shown. Only a notebook the reader has trusted (signed) shows
+  the widget renderer there, and it prints "Error displaying widget: model not found" until
+  the cells are run, because the saved state no longer holds the explorer (below).
+* **nbconvert's HTML export (and nbviewer, which uses it)**: ``WidgetsDataTypeFilter`` puts
+  the widget view first but skips it when its ``model_id`` is not in the notebook's saved
+  widget state (``metadata.widgets["application/vnd.jupyter.widget-state+json"]["state"]``);
+  the next format present is the PNG.
+* **GitHub** needs ``metadata.widgets`` to hold a ``state`` key when it exists at all; what
+  it draws for a widget view beside a PNG was not tested here.
+
+nbclient (``jupyter nbconvert --execute``) saves the state of every live widget model at the
+end of a run, so the HTML export would pick the widget view (an empty placeholder without the
+widget JavaScript). ``python -m helpers.notebook_tools finalize NOTEBOOK`` therefore removes
+from the saved state the models of every widget view that carries a static picture (the
+explorer's box and everything only it uses: sliders, labels, layouts, the PNG buffer of its
+``Image``), keeping the ``widgets`` entry and its ``state`` key. Chosen over running with
+``--ExecutePreprocessor.store_widget_state=False``: that leaves a stale ``widgets`` entry from
+an earlier run in place (nbclient only writes the entry when it saw widgets) and would also
+drop the state of any widget shown without a picture. ``tests/test_static_figures.py``
+exports every committed notebook with nbconvert's ``HTMLExporter`` and fails on an explorer
+cell that does not render as an ``<img>``.
 """
 from __future__ import annotations
 
+import base64
 import io
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -150,9 +193,52 @@ class Explorer:
     def _hold(self):
         return Explorer._Hold(self)
 
+    def text(self) -> str:
+        """One stable line naming the explorer's settings (its ``text/plain`` form).
+
+        Values are written with each slider's own readout format, so a float slider prints
+        ``0.10``, not ``0.1000000000000001``.
+        """
+        settings = ", ".join(
+            f"{getattr(w, 'description', '') or name}={_readout(w)}" for name, w in self.controls.items()
+        )
+        return f"Explorer: {settings} (a picture of this state; run the notebook in Jupyter to move the sliders)"
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
+        """The live widget view, a PNG of the current figure and a stable text line.
+
+        Front ends that render widgets show the sliders; the others (GitHub, nbviewer,
+        nbconvert's HTML export once the saved widget state no longer holds this explorer,
+        JupyterLab for an untrusted notebook) show the PNG. See the module docstring.
+        """
+        data = dict(self.widget._repr_mimebundle_())
+        if not self.image.value:  # cannot happen after __init__ (update() renders); be explicit
+            self.image.value = self._render()
+        data["image/png"] = base64.b64encode(bytes(self.image.value)).decode("ascii")
+        data["text/plain"] = self.text()
+        return data
+
     def _ipython_display_(self) -> None:
         from IPython.display import display
 
-        display(self.widget)
+        display(self._repr_mimebundle_(), raw=True)
+
+
+def _readout(widget: Any) -> str:
+    """A control's value as its readout shows it (``readout_format`` when it has one)."""
+    value = widget.value
+    fmt = getattr(widget, "readout_format", None)
+
+    def one(v: Any) -> str:
+        if fmt and isinstance(v, (int, float)) and not isinstance(v, bool):
+            try:
+                return format(v, fmt)
+            except (TypeError, ValueError):
+                return repr(v)
+        return str(v)
+
+    if isinstance(value, tuple):
+        return "(" + ", ".join(one(v) for v in value) + ")"
+    return one(value)
 
 

@@ -1,0 +1,272 @@
+"""Explorers are readable where no kernel runs (GitHub, nbviewer, an HTML export).
+
+Every explorer displays one output carrying its live widget view, a PNG of its initial figure
+and a stable text line (``helpers.viz.explorer``); ``python -m helpers.notebook_tools finalize``
+removes the explorers' models from the saved widget state so that static front ends fall back
+to the PNG. Here:
+
+* every committed notebook is exported with nbconvert's ``HTMLExporter`` (in-process, no
+  execution) and each explorer cell must show its PNG as an ``<img>``, not a widget placeholder;
+* ``metadata.widgets``, when present, keeps its ``state`` key (GitHub refuses the notebook otherwise);
+* the bundle itself, and the whole pipeline on a tiny notebook executed by nbclient (the same
+  executor as ``jupyter nbconvert --execute``): without finalizing, the export shows no picture
+  (the failure this file guards against); after it, it does.
+"""
+from __future__ import annotations
+
+import base64
+import io
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from helpers import notebook_tools as nt
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+VIEW = "application/vnd.jupyter.widget-view+json"
+STATE = "application/vnd.jupyter.widget-state+json"
+
+
+def _explorer_outputs(nb):
+    """(cell, output) of every output displaying a widget view; in this series every widget is an explorer."""
+    return [(cell, out) for cell in nb.cells if cell.cell_type == "code"
+            for out in cell.get("outputs", []) if VIEW in out.get("data", {})]
+
+
+def _html_cells(path_or_nb):
+    """nbconvert's HTML export (lab template, as ``jupyter nbconvert --to html``), parsed."""
+    from bs4 import BeautifulSoup
+    from nbconvert import HTMLExporter
+
+    exporter = HTMLExporter()
+    if isinstance(path_or_nb, Path):
+        html, _ = exporter.from_filename(str(path_or_nb))
+    else:
+        html, _ = exporter.from_notebook_node(path_or_nb)
+    return BeautifulSoup(html, "html.parser")
+
+
+def _pictures_in_cell(soup, cell):
+    """(PNG payloads shown as <img>, widget-view placeholders) inside the exported cell."""
+    div = soup.find(id=f"cell-id={cell.id}")
+    assert div is not None, f"cell {cell.id} not found in the HTML export"
+    imgs = [img["src"].split(",", 1)[1] for img in div.find_all("img")
+            if img.get("src", "").startswith("data:image/png;base64,")]
+    widgets = div.find_all("script", attrs={"type": VIEW})
+    return imgs, widgets
+
+
+# ---------------------------------------------------------------- committed notebooks
+
+
+def test_there_are_notebooks():
+    assert len(NOTEBOOKS) >= 7
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_widget_metadata_keeps_its_state(path: Path):
+    nb = nbformat.read(path, as_version=4)
+    widgets = nb.metadata.get("widgets")
+    if widgets is not None:  # GitHub: "the 'state' key is missing from 'metadata.widgets'"
+        assert isinstance(widgets.get(STATE, {}).get("state"), dict), (
+            f"{path.name}: metadata.widgets lacks {STATE}.state; GitHub refuses to render it")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_html_export_shows_every_explorer_as_a_picture(path: Path):
+    nb = nbformat.read(path, as_version=4)
+    explorers = _explorer_outputs(nb)
+    assert explorers, (f"{path.name}: no explorer output (every notebook has an Explore section); "
+                       f"was it committed unexecuted? Regenerate with: {nt.REGENERATE}")
+    soup = _html_cells(path)
+    for cell, out in explorers:
+        where = f"{path.name}, cell {cell.id} ({cell.source.splitlines()[-1]!r})"
+        png = out["data"].get("image/png")
+        assert png, (f"{where}: the explorer output carries no image/png (displayed by an Explorer without "
+                     f"_repr_mimebundle_?); regenerate with: {nt.REGENERATE}")
+        imgs, placeholders = _pictures_in_cell(soup, cell)
+        assert png in imgs and not placeholders, (
+            f"{where}: `jupyter nbconvert --to html` shows {len(placeholders)} widget placeholder(s) and "
+            f"{len(imgs)} picture(s), not the explorer's PNG; the saved widget state still holds the explorer. "
+            f"Regenerate with: {nt.REGENERATE}")
+        import PIL.Image
+
+        width, height = PIL.Image.open(io.BytesIO(base64.b64decode(png))).size
+        assert width >= 200 and height >= 100, f"{where}: the picture is {width}x{height} px"
+        assert out["data"]["text/plain"].startswith("Explorer: "), f"{where}: {out['data']['text/plain'][:80]!r}"
+    assert nt.problems(nb) == []
+
+
+# ---------------------------------------------------------------- the bundle
+
+
+TINY_EXPLORER = """
+import ipywidgets as widgets
+from matplotlib.figure import Figure
+
+from helpers.viz.explorer import FIGSIZE, Explorer
+
+fig = Figure(figsize=FIGSIZE)
+ax = fig.add_subplot()
+(line,) = ax.plot([0, 1], [0, 0.1])
+ax.set(xlim=(0, 1), ylim=(0, 1), title="a line", xlabel="x", ylabel="y")
+controls = {
+    "a": widgets.FloatSlider(value=0.1, min=0.0, max=1.0, step=0.05, description="slope a", readout_format=".2f"),
+    "span": widgets.IntRangeSlider(value=(2, 6), min=0, max=10, description="span"),
+}
+ex = Explorer(controls, lambda a, span: {"a": a, "span": span}, lambda s: line.set_ydata([0, s["a"]]),
+              fig, lambda s: f"a = {s['a']:.2f}")
+"""
+
+
+def _tiny_explorer():
+    namespace: dict = {}
+    exec(TINY_EXPLORER, namespace)
+    return namespace["ex"]
+
+
+def test_bundle_carries_widget_view_current_png_and_stable_text():
+    import PIL.Image
+
+    ex = _tiny_explorer()
+    bundle = ex._repr_mimebundle_()
+    assert set(bundle) == {VIEW, "image/png", "text/plain"}
+    assert bundle[VIEW]["model_id"] == ex.widget.model_id
+    png = base64.b64decode(bundle["image/png"])
+    assert png == bytes(ex.image.value)  # the picture the widget shows
+    assert PIL.Image.open(io.BytesIO(png)).size == (480, 280)  # FIGSIZE (6 x 3.5 in) at dpi 80
+    assert bundle["text/plain"] == ("Explorer: slope a=0.10, span=(2, 6) (a picture of this state; "
+                                    "run the notebook in Jupyter to move the sliders)")
+    json.dumps(bundle)  # what the kernel sends and nbformat stores: JSON, base64 text for the PNG
+
+    ex.set(a=0.1 + 0.05)  # 0.15000000000000002: the text uses the slider's readout format
+    moved = ex._repr_mimebundle_()
+    assert moved["text/plain"].startswith("Explorer: slope a=0.15, span=(2, 6)")
+    assert moved["image/png"] != bundle["image/png"]  # the picture follows the current figure
+
+
+TINY_CELLS = [
+    TINY_EXPLORER + "ex",
+    "import ipywidgets as widgets\nplain = widgets.IntSlider(value=3, description='plain')\nplain",
+]
+
+
+@pytest.fixture(scope="module")
+def executed_tiny(tmp_path_factory):
+    """A two-cell notebook (an explorer, a plain slider) executed by nbclient, state saved."""
+    from nbclient import NotebookClient
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in TINY_CELLS]
+    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}).execute()
+    return nb
+
+
+def test_pipeline_execute_then_finalize_gives_a_picture(executed_tiny, tmp_path):
+    raw = executed_tiny
+    (cell, out), (plain_cell, plain_out) = _explorer_outputs(raw)
+    assert out.output_type == "display_data" and set(out.data) == {VIEW, "image/png", "text/plain"}
+    state = raw.metadata.widgets[STATE]["state"]
+    assert out.data[VIEW]["model_id"] in state and plain_out.data[VIEW]["model_id"] in state
+
+    # negative control: as executed, the export shows the empty widget, not the picture
+    imgs, placeholders = _pictures_in_cell(_html_cells(raw), cell)
+    assert imgs == [] and len(placeholders) == 1
+    assert any("saved widget state" in p for p in nt.problems(raw))
+
+    path = tmp_path / "tiny.ipynb"
+    nbformat.write(raw, path)
+    report = nt.finalize_file(path)
+    done = nbformat.read(path, as_version=4)
+    imgs, placeholders = _pictures_in_cell(_html_cells(done), done.cells[0])
+    assert imgs == [out.data["image/png"]] and placeholders == []
+
+    kept = done.metadata.widgets[STATE]["state"]  # the entry and its state key stay (GitHub)
+    plain_id = plain_out.data[VIEW]["model_id"]
+    assert plain_id in kept and out.data[VIEW]["model_id"] not in kept
+    # the plain slider keeps its layout and style models; the explorer's 12 models are gone
+    plain_refs = {m for m in kept if m != plain_id}
+    assert len(plain_refs) == 2 and all(m in json.dumps(kept[plain_id]) for m in plain_refs)
+    assert len(report.pruned) == len(state) - 3
+    imgs, placeholders = _pictures_in_cell(_html_cells(done), done.cells[1])
+    assert imgs == [] and len(placeholders) == 1  # a widget without a picture is still drawn as a widget
+    assert nt.problems(done) == ["cell 1 (output 0): widget view without a static picture (image/png, image/jpeg, "
+                                 "image/svg+xml); display explorers through helpers.viz.Explorer"]
+    assert not nt.finalize_file(path).changed  # idempotent
+
+
+# ---------------------------------------------------------------- finalize on hand-made states
+
+
+def _model(refs=(), **extra):
+    return {"model_name": "M", "model_module": "m", "model_module_version": "1",
+            "state": {"children": [f"IPY_MODEL_{r}" for r in refs], **extra}}
+
+
+def _nb(views, state):
+    """A notebook with one code cell per view (model_id, picture?) and the given saved state."""
+    nb = nbformat.v4.new_notebook()
+    for model_id, picture in views:
+        data = {VIEW: {"version_major": 2, "version_minor": 0, "model_id": model_id}, "text/plain": "x"}
+        if picture:
+            data["image/png"] = "iVBORw0KGgo="
+        nb.cells.append(nbformat.v4.new_code_cell("x", outputs=[nbformat.v4.new_output("display_data", data=data)]))
+    if state is not None:
+        nb.metadata.widgets = {STATE: {"state": state, "version_major": 2, "version_minor": 0}}
+    return nb
+
+
+def test_finalize_keeps_what_widgets_without_picture_share_and_drops_links_to_pruned():
+    state = {
+        "box": _model(["slider", "shared"]), "slider": _model(["style"]), "style": _model(),
+        "shared": _model(), "plain": _model(["shared"]),
+        "link": _model(source=["IPY_MODEL_slider", "value"], target=["IPY_MODEL_other", "value"]),
+        "other": _model(), "orphan": _model(),
+    }
+    nb = _nb([("box", True), ("plain", False)], state)
+    report = nt.finalize(nb)
+    assert report.pruned == ["box", "link", "slider", "style"]
+    assert sorted(nb.metadata.widgets[STATE]["state"]) == ["orphan", "other", "plain", "shared"]
+    assert nt.finalize(nb).pruned == []
+
+
+def test_finalize_leaves_a_notebook_without_widget_entry_without_one():
+    nb = _nb([("box", True)], None)
+    assert nt.finalize(nb).pruned == [] and "widgets" not in nb.metadata
+    assert nt.problems(nb) == []
+
+
+def test_finalize_empties_the_state_but_keeps_the_entry():
+    nb = _nb([("box", True)], {"box": _model(["c"]), "c": _model()})
+    nt.finalize(nb)
+    assert nb.metadata.widgets == {STATE: {"state": {}, "version_major": 2, "version_minor": 0}}
+    nbformat.validate(nb)
+
+
+def test_errors_name_the_argument_and_rule(tmp_path):
+    with pytest.raises(TypeError, match=r"nb must be a notebook \(nbformat.NotebookNode.*got dict"):
+        nt.finalize({"cells": []})
+    broken = _nb([("box", True)], None)
+    broken.metadata.widgets = {STATE: {"version_major": 2}}
+    with pytest.raises(ValueError, match=r"metadata.widgets must hold .*widget-state\+json' with a 'state' dict"):
+        nt.finalize(broken)
+    assert nt.problems(broken)[0].startswith("metadata.widgets must hold")
+    with pytest.raises(ValueError, match=r"path must name a .ipynb notebook; got '.*notes.md'"):
+        nt.finalize_file(tmp_path / "notes.md")
+    with pytest.raises(ValueError, match=r"path must name an existing notebook file; '.*missing.ipynb' does not exist"):
+        nt.finalize_file(tmp_path / "missing.ipynb")
+
+
+def test_cli_check_fails_until_finalized(tmp_path, capsys):
+    path = tmp_path / "n.ipynb"
+    nbformat.write(_nb([("box", True)], {"box": _model()}), path)
+    assert nt.main(["check", str(path)]) == 1
+    assert "regenerate with: jupyter nbconvert" in capsys.readouterr().out
+    assert nt.main(["finalize", str(path)]) == 0
+    assert "removed 1 model(s)" in capsys.readouterr().out
+    assert nt.main(["check", str(path)]) == 0
+    assert nt.main(["check", str(tmp_path / "missing.ipynb")]) == 2
+    assert "does not exist" in capsys.readouterr().err
