@@ -41,11 +41,14 @@ def clone_args(args: Sequence[Any]) -> list:
 
 
 def as_tensor_result(out: Any, what: str) -> torch.Tensor:
-    """The learner's result as a tensor: a tensor, a NumPy array or a number; else :class:`Reject`."""
+    """The learner's result as a tensor: a tensor, a NumPy array, a number or a list of numbers; else :class:`Reject`."""
     if isinstance(out, torch.Tensor):
         return out
     if type(out).__module__ == "numpy" or (isinstance(out, (int, float)) and not isinstance(out, bool)):
         return torch.as_tensor(out)
+    if isinstance(out, (list, tuple)) and out and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in out):
+        return torch.tensor(out, dtype=torch.float64)  # a list of numbers
     raise Reject("interface", f"your function must return {what}, got {type(out).__name__} ({out!r:.60})",
                  float("inf"))
 

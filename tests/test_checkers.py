@@ -31,6 +31,14 @@ from helpers.check_regularization import (
 from helpers.check_heads import (
     HEAD_IMPORTANCE_ADVICE, HEAD_IMPORTANCE_MISTAKES, check_head_importance, head_importance_solution,
 )
+from helpers.check_positional import (
+    ALIBI_SLOPES_ADVICE, ALIBI_SLOPES_MISTAKES, SINUSOIDAL_ADVICE, SINUSOIDAL_MISTAKES, alibi_slopes_solution,
+    check_alibi_slopes, check_sinusoidal, sinusoidal_solution,
+)
+from helpers.check_kvcache import (
+    KV_DECODE_ADVICE, KV_DECODE_MISTAKES, _kv_inputs, _kv_reference, check_kv_decode_step, kv_decode_step_solution,
+    kv_step_inputs,
+)
 from helpers.regularization import dropout, label_smoothing_cross_entropy
 from helpers.rope import apply_rope, rotation_matrix
 
@@ -49,6 +57,9 @@ CHECKERS = [
      LABEL_SMOOTHING_MISTAKES["others"], LABEL_SMOOTHING_ADVICE, [], {"convention": "others"}),
     ("head_importance", check_head_importance, head_importance_solution, HEAD_IMPORTANCE_MISTAKES,
      HEAD_IMPORTANCE_ADVICE, [], {}),
+    ("sinusoidal", check_sinusoidal, sinusoidal_solution, SINUSOIDAL_MISTAKES, SINUSOIDAL_ADVICE, [], {}),
+    ("alibi_slopes", check_alibi_slopes, alibi_slopes_solution, ALIBI_SLOPES_MISTAKES, ALIBI_SLOPES_ADVICE, [], {}),
+    ("kv_decode_step", check_kv_decode_step, kv_decode_step_solution, KV_DECODE_MISTAKES, KV_DECODE_ADVICE, [], {}),
 ]
 IDS = [c[0] for c in CHECKERS]
 BY_ID = {c[0]: c for c in CHECKERS}
@@ -102,7 +113,10 @@ def test_learner_exception_becomes_a_fail_message(cid):
 def _perturbed(solution, amount=0.5):
     @functools.wraps(solution)
     def wrong(*args, **kwargs):
-        return solution(*args, **kwargs) * (1 + amount)
+        out = solution(*args, **kwargs)
+        if isinstance(out, tuple):  # (output, k_cache, v_cache): only the output is off
+            return (out[0] * (1 + amount),) + out[1:]
+        return torch.as_tensor(out) * (1 + amount)
     return wrong
 
 
@@ -258,3 +272,58 @@ def test_per_input_tolerance_of_the_engine():
     assert diagnose(off, ref, [], loose).passed
     r = diagnose(off, ref, [], tight)
     assert not r.passed and r.failed_input == "tight"
+
+
+def test_positional_libraries_pass():
+    from helpers.model import alibi_slopes, sinusoidal_encoding
+    assert check_sinusoidal(sinusoidal_encoding).passed
+    assert check_alibi_slopes(alibi_slopes).passed
+    assert check_alibi_slopes(lambda n: torch.tensor(alibi_slopes_solution(n), dtype=torch.float32)).passed
+
+
+def test_sinusoidal_solution_is_the_papers_formula():
+    """PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(...), written element by element."""
+    n, d = 6, 8
+    pe = sinusoidal_solution(n, d)
+    for p in range(n):
+        for i in range(d // 2):
+            assert math.isclose(pe[p, 2 * i].item(), math.sin(p / 10000 ** (2 * i / d)), abs_tol=1e-12)
+            assert math.isclose(pe[p, 2 * i + 1].item(), math.cos(p / 10000 ** (2 * i / d)), abs_tol=1e-12)
+
+
+def test_alibi_solution_values_from_the_paper():
+    """Press et al.: 8 heads -> 1/2, 1/4, ..., 1/256."""
+    assert alibi_slopes_solution(8) == [2.0 ** -k for k in range(1, 9)]
+
+
+def test_kv_reference_is_the_last_row_of_full_causal_attention():
+    g = torch.Generator().manual_seed(3)
+    for B, H, p, d in [(2, 2, 5, 8), (1, 1, 0, 4), (1, 3, 7, 6), (2, 2, 40, 16)]:
+        (qa, ka, va), args = kv_step_inputs(B, H, p, d, g)
+        pos = torch.arange(p + 1)
+        full = F.scaled_dot_product_attention(apply_rope(qa, pos), apply_rope(ka, pos), va, is_causal=True)
+        ref = _kv_reference(*args)
+        torch.testing.assert_close(ref["output"], full[..., p:, :])
+        torch.testing.assert_close(ref["k_cache"], apply_rope(ka, pos))
+        torch.testing.assert_close(ref["v_cache"], va)
+
+
+def test_kv_solution_decodes_a_sequence_like_full_recomputation():
+    """Chaining the worked solution token by token (each step feeding its returned cache to the next)
+    gives every row of full causal attention."""
+    g = torch.Generator().manual_seed(4)
+    B, H, n, d = 2, 2, 9, 8
+    q, k, v = (torch.randn(B, H, n, d, generator=g) for _ in range(3))
+    pos = torch.arange(n)
+    full = F.scaled_dot_product_attention(apply_rope(q, pos), apply_rope(k, pos), v, is_causal=True)
+    kc, vc = torch.zeros(B, H, 0, d), torch.zeros(B, H, 0, d)
+    for t in range(n):
+        out, kc, vc = kv_decode_step_solution(q[..., t:t + 1, :], k[..., t:t + 1, :], v[..., t:t + 1, :], kc, vc)
+        torch.testing.assert_close(out, full[..., t:t + 1, :])
+
+
+def test_kv_wrong_interface():
+    r = check_kv_decode_step(lambda q, k, v, kc, vc: q)
+    assert r.diagnosis == "interface" and "must return (output, k_cache, v_cache), got Tensor" in r.message
+    r = check_kv_decode_step(lambda q, k, v, kc, vc: (q, kc))
+    assert r.diagnosis == "interface" and "got a tuple of 2" in r.message
