@@ -10,6 +10,11 @@ Modules
 * :mod:`helpers.check` -- ``diagnose``: the shared engine of the diagnosing checkers
   (planted mistakes, several test inputs); ``check_mha`` on it diagnoses a learner's MHA
   (notebook 03), ``planted_bug_symptoms`` tabulates what it reports for each planted bug.
+* :mod:`helpers.check_rope` (01, 02), :mod:`helpers.check_attention` (03),
+  :mod:`helpers.check_regularization` (04), :mod:`helpers.check_heads` (05),
+  :mod:`helpers.check_positional` (06), :mod:`helpers.check_kvcache` (07) -- the other "write it
+  from memory" checkers on the same engine, each with its worked solution and a dict of planted
+  mistakes; :mod:`helpers.exercises` -- their shared plumbing (``mistake_symptoms``).
 * :mod:`helpers.model`, :mod:`helpers.tasks`, :mod:`helpers.train` -- the tiny transformer,
   synthetic tasks and training loop (taught in 03, used by 04-06).
 * :mod:`helpers.regularization` -- dropout, label smoothing, penalties, calibration (notebook 04).
@@ -59,6 +64,23 @@ from .check import (
     BUG_MESSAGES, PLANTED_BUGS, SCAFFOLD, CheckResult, MHACheck, NotesMHA, PlantedMistake, Reject, TestInput,
     check_mha, diagnose, planted_bug_symptoms,
 )
+from .exercises import mistake_symptoms
+from .check_rope import (
+    ROPE_ADVICE, ROPE_HALF_MISTAKES, ROPE_INTERLEAVED_MISTAKES, ROTATION_MATRIX_ADVICE, ROTATION_MATRIX_MISTAKES,
+    check_rope_half, check_rope_interleaved, check_rotation_matrix, rope_half_solution, rope_interleaved_solution,
+    rotation_matrix_solution,
+)
+from .check_attention import SDPA_ADVICE, SDPA_MISTAKES, causal_sdpa_solution, check_causal_sdpa
+from .check_regularization import (
+    DROPOUT_ADVICE, DROPOUT_MISTAKES, LABEL_SMOOTHING_ADVICE, LABEL_SMOOTHING_MISTAKES, LABEL_SMOOTHING_SOLUTIONS,
+    check_dropout, check_label_smoothing, dropout_solution,
+)
+from .check_heads import HEAD_IMPORTANCE_ADVICE, HEAD_IMPORTANCE_MISTAKES, check_head_importance, head_importance_solution
+from .check_positional import (
+    ALIBI_SLOPES_ADVICE, ALIBI_SLOPES_MISTAKES, SINUSOIDAL_ADVICE, SINUSOIDAL_MISTAKES, alibi_slopes_solution,
+    check_alibi_slopes, check_sinusoidal, sinusoidal_solution,
+)
+from .check_kvcache import KV_DECODE_ADVICE, KV_DECODE_MISTAKES, check_kv_decode_step, kv_decode_step_solution
 from .heads import (
     PruningCurve,
     ablation_importance,
@@ -93,6 +115,18 @@ __all__ = [
     # check
     "BUG_MESSAGES", "PLANTED_BUGS", "SCAFFOLD", "MHACheck", "NotesMHA", "check_mha",
     "CheckResult", "PlantedMistake", "Reject", "TestInput", "diagnose", "planted_bug_symptoms",
+    # the other exercise checkers (notebooks 01, 02, 03, 04, 05, 06, 07)
+    "mistake_symptoms",
+    "check_rotation_matrix", "rotation_matrix_solution", "ROTATION_MATRIX_MISTAKES", "ROTATION_MATRIX_ADVICE",
+    "check_rope_interleaved", "check_rope_half", "rope_interleaved_solution", "rope_half_solution",
+    "ROPE_INTERLEAVED_MISTAKES", "ROPE_HALF_MISTAKES", "ROPE_ADVICE",
+    "check_causal_sdpa", "causal_sdpa_solution", "SDPA_MISTAKES", "SDPA_ADVICE",
+    "check_dropout", "dropout_solution", "DROPOUT_MISTAKES", "DROPOUT_ADVICE",
+    "check_label_smoothing", "LABEL_SMOOTHING_SOLUTIONS", "LABEL_SMOOTHING_MISTAKES", "LABEL_SMOOTHING_ADVICE",
+    "check_head_importance", "head_importance_solution", "HEAD_IMPORTANCE_MISTAKES", "HEAD_IMPORTANCE_ADVICE",
+    "check_sinusoidal", "sinusoidal_solution", "SINUSOIDAL_MISTAKES", "SINUSOIDAL_ADVICE",
+    "check_alibi_slopes", "alibi_slopes_solution", "ALIBI_SLOPES_MISTAKES", "ALIBI_SLOPES_ADVICE",
+    "check_kv_decode_step", "kv_decode_step_solution", "KV_DECODE_MISTAKES", "KV_DECODE_ADVICE",
     # heads
     "PruningCurve", "TwoPositionTask", "ablation_importance", "attention_at_offset", "attention_entropy",
     "attention_maps", "head_importance", "head_outputs", "head_similarity", "induction_score", "label_heads",
