@@ -1,0 +1,70 @@
+"""The committed sweep results of notebook 05 (experiments/05_head_redundancy_sweeps.py) are reproducible.
+
+Re-runs two seeds of the two-layer experiment (one head and four heads, 300 steps each) and
+checks that they land inside the committed spread over 10 seeds, with a margin: another CPU
+sums floats in another order, so a seed's own numbers may move a little, not out of the
+distribution. Also checks the saved model the notebook analyses and the file's bookkeeping.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "experiments" / "05_head_redundancy_sweeps.py"
+
+
+@pytest.fixture(scope="module")
+def ex05():
+    spec = importlib.util.spec_from_file_location("ex05_sweeps", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def committed(ex05):
+    return json.loads(ex05.RESULTS.read_text())
+
+
+def _num(v):
+    return math.inf if v == "inf" else float(v)
+
+
+def test_results_file_records_where_it_was_made_and_every_experiment(committed, ex05):
+    meta = committed["meta"]
+    assert {"torch", "cpu_capability", "machine"} <= set(meta)
+    for name, seeds in ex05.SEEDS.items():
+        assert committed[name]["seeds"] == seeds
+    assert len(committed["two_layer"]["runs"]["1 head(s)"]) == len(ex05.SEEDS["two_layer"]) >= 10
+    assert len(committed["pruning"]["runs"]) >= 8 and len(committed["gqa"]["runs"]) >= 5
+    assert len(committed["saved_random_curves"]) == ex05.N_RANDOM_ORDERS
+
+
+def test_saved_model_loads_and_solves_the_task(ex05):
+    task, split, test = ex05.mixed_data(0)
+    from helpers import TinyTransformer, evaluate
+
+    model = TinyTransformer(task.vocab_size, max_len=task.seq_len, seed=0, **ex05.MIXED)
+    model.load_state_dict(torch.load(ex05.MODEL_PATH))
+    assert evaluate(model, split.val)[1] >= 0.99 and evaluate(model, test)[1] >= 0.99
+
+
+@pytest.mark.parametrize("heads", [1, 4])
+def test_two_seeds_rerun_inside_the_committed_spread(ex05, committed, heads):
+    runs = committed["two_layer"]["runs"][f"{heads} head(s)"]
+    steps = [_num(r["steps_to_99"]) for r in runs]
+    mid = [r["acc_at_80"] for r in runs]
+    res = sweep(ex05.run_two_layer_heads(heads), [0, 1])
+    for seed in (0, 1):
+        rec = res.runs[seed]
+        assert min(steps) - 30 <= rec["steps_to_99"] <= max(steps) + 30, (seed, rec["steps_to_99"], steps)
+        assert min(mid) - 0.15 <= rec["acc_at_80"] <= max(mid) + 0.15, (seed, rec["acc_at_80"], mid)
+        assert rec["final_acc"] >= 0.99
