@@ -73,9 +73,19 @@ def _sign_kept(model, inputs, targets):
 
 
 def _averaged_before_abs(model, inputs, targets):
+    """One backward pass on the batch loss (the mean over every scored position), then |.|."""
+    model.eval()
+    xi = torch.ones(model.num_layers, model.num_heads, requires_grad=True)
+    logits = model(inputs, head_mask=xi)
+    loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+    (g,) = torch.autograd.grad(loss, xi)
+    return g.abs()
+
+
+def _averaged_over_examples_before_abs(model, inputs, targets):
     model.eval()
     grads = list(_per_example_grads(model, inputs, targets))
-    return (sum(grads) / len(grads)).abs()  # = |d mean_x L(x) / d xi|: one backward on the batch loss
+    return (sum(grads) / len(grads)).abs()  # = |d mean_x L(x) / d xi|
 
 
 def _weight_gradients(model, inputs, targets):
@@ -120,6 +130,9 @@ HEAD_IMPORTANCE_ADVICE: dict[str, str] = {
         "respect to it (dL/d xi_h = <W^O_h, dL/dW^O_h>, one number per head, signed)."
     ),
 }
+
+#: The same mistake with the batch loss taken as the mean of the per-example losses.
+_HEAD_IMPORTANCE_VARIANTS = [("averaged_before_abs", _averaged_over_examples_before_abs)]
 
 #: The models of the test inputs: (vocab, d_model, heads, layers, seed).
 _MODELS = {"2x2": (11, 16, 2, 2, 0), "1x3": (9, 12, 3, 1, 1), "2x4": (13, 16, 4, 2, 2)}
@@ -183,7 +196,7 @@ def check_head_importance(fn: Callable, seed: int = 0) -> CheckResult:
     """
     return run_check(
         fn, _hi_call, _hi_reference, HEAD_IMPORTANCE_MISTAKES, HEAD_IMPORTANCE_ADVICE, _hi_inputs(seed),
-        atol=1e-7, rtol=1e-4,  # importances are ~1e-3 to 1e-1: compare relatively
+        variants=_HEAD_IMPORTANCE_VARIANTS, atol=1e-7, rtol=1e-4,  # importances are ~1e-3 to 1e-1: compare relatively
         unknown_hint="Check: gate xi = ones(L, H, requires_grad=True) as head_mask; per example L(x) = mean "
                      "cross-entropy over its scored positions; |dL(x)/d xi| per example; mean over the examples "
                      "with a scored target.",

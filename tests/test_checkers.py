@@ -29,7 +29,8 @@ from helpers.check_regularization import (
     _DROPOUT_VARIANTS, _ls_inputs, check_dropout, check_label_smoothing, dropout_solution,
 )
 from helpers.check_heads import (
-    HEAD_IMPORTANCE_ADVICE, HEAD_IMPORTANCE_MISTAKES, check_head_importance, head_importance_solution,
+    HEAD_IMPORTANCE_ADVICE, HEAD_IMPORTANCE_MISTAKES, _HEAD_IMPORTANCE_VARIANTS, check_head_importance,
+    head_importance_solution,
 )
 from helpers.check_positional import (
     ALIBI_SLOPES_ADVICE, ALIBI_SLOPES_MISTAKES, SINUSOIDAL_ADVICE, SINUSOIDAL_MISTAKES, alibi_slopes_solution,
@@ -56,7 +57,7 @@ CHECKERS = [
     ("label_smoothing_others", check_label_smoothing, LABEL_SMOOTHING_SOLUTIONS["others"],
      LABEL_SMOOTHING_MISTAKES["others"], LABEL_SMOOTHING_ADVICE, [], {"convention": "others"}),
     ("head_importance", check_head_importance, head_importance_solution, HEAD_IMPORTANCE_MISTAKES,
-     HEAD_IMPORTANCE_ADVICE, [], {}),
+     HEAD_IMPORTANCE_ADVICE, _HEAD_IMPORTANCE_VARIANTS, {}),
     ("sinusoidal", check_sinusoidal, sinusoidal_solution, SINUSOIDAL_MISTAKES, SINUSOIDAL_ADVICE, [], {}),
     ("alibi_slopes", check_alibi_slopes, alibi_slopes_solution, ALIBI_SLOPES_MISTAKES, ALIBI_SLOPES_ADVICE, [], {}),
     ("kv_decode_step", check_kv_decode_step, kv_decode_step_solution, KV_DECODE_MISTAKES, KV_DECODE_ADVICE, [], {}),
