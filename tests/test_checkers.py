@@ -328,3 +328,19 @@ def test_kv_wrong_interface():
     assert r.diagnosis == "interface" and "must return (output, k_cache, v_cache), got Tensor" in r.message
     r = check_kv_decode_step(lambda q, k, v, kc, vc: (q, kc))
     assert r.diagnosis == "interface" and "got a tuple of 2" in r.message
+
+
+def test_torch_is_causal_aligns_top_left_as_the_kv_advice_says():
+    """F.scaled_dot_product_attention(is_causal=True) with Lq=1 < Lk builds tril() of (1, Lk): key 0 only,
+    which is the planted top_left_causal_mask mistake (torch 2.13's documented reference: ones(L, S).tril())."""
+    g = torch.Generator().manual_seed(5)
+    _, (q, k, v, kc, vc) = kv_step_inputs(2, 2, 6, 8, g)
+    out, K, V = KV_DECODE_MISTAKES["top_left_causal_mask"](q, k, v, kc, vc)
+    q_rot = apply_rope(q, torch.tensor([6]))
+    torch.testing.assert_close(F.scaled_dot_product_attention(q_rot, K, V, is_causal=True), out)
+    assert not torch.allclose(out, kv_decode_step_solution(q, k, v, kc, vc)[0])
+
+
+def test_mistake_symptoms_refuses_a_misnamed_mistake():
+    with pytest.raises(RuntimeError, match=r"planted mistake 'missing_scale' was diagnosed as 'scale_by_d_k'"):
+        mistake_symptoms(check_causal_sdpa, {"missing_scale": SDPA_MISTAKES["scale_by_d_k"]})
