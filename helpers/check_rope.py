@@ -171,17 +171,24 @@ def rope_interleaved_solution(x, positions=None):
     ``x`` ``(..., seq, d)``; ``positions`` ``(seq,)`` ints, default ``0 .. seq-1``. Angles in float32
     whatever ``x``'s dtype.
     """
-    cos, sin = _angles(x, positions)
-    x1, x2 = x[..., 0::2], x[..., 1::2]
+    seq, d = x.shape[-2], x.shape[-1]
+    pos = torch.arange(seq, device=x.device) if positions is None else positions
+    theta = 10000.0 ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)  # (d/2,)
+    angle = pos.float()[:, None] * theta                          # (seq, d/2), float32 even for bf16 x
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    x1, x2 = x[..., 0::2], x[..., 1::2]                           # the two members of each pair
     return torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
 
 
 def rope_half_solution(x, positions=None):
     """Worked solution, half layout: pair ``(x[i], x[i + d/2])``; ``x * cos + rotate_half(x) * sin``."""
-    cos, sin = _angles(x, positions)
-    cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
-    h = x.shape[-1] // 2
-    rotate_half = torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+    seq, d = x.shape[-2], x.shape[-1]
+    pos = torch.arange(seq, device=x.device) if positions is None else positions
+    inv_freq = 1.0 / 10000.0 ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
+    freqs = torch.outer(pos.float(), inv_freq)                    # (seq, d/2) angles, in float32
+    emb = torch.cat([freqs, freqs], dim=-1)                       # (seq, d): pair i at i and i + d/2
+    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    rotate_half = torch.cat([-x[..., d // 2:], x[..., : d // 2]], dim=-1)
     return x * cos + rotate_half * sin
 
 
