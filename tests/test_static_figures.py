@@ -36,23 +36,26 @@ def _explorer_outputs(nb):
             for out in cell.get("outputs", []) if VIEW in out.get("data", {})]
 
 
-def _html_cells(path_or_nb):
-    """nbconvert's HTML export (lab template, as ``jupyter nbconvert --to html``), parsed."""
-    from bs4 import BeautifulSoup
+def _html(path_or_nb) -> str:
+    """nbconvert's HTML export (lab template, as ``jupyter nbconvert --to html``)."""
     from nbconvert import HTMLExporter
 
     exporter = HTMLExporter()
     if isinstance(path_or_nb, Path):
-        html, _ = exporter.from_filename(str(path_or_nb))
-    else:
-        html, _ = exporter.from_notebook_node(path_or_nb)
-    return BeautifulSoup(html, "html.parser")
+        return exporter.from_filename(str(path_or_nb))[0]
+    return exporter.from_notebook_node(path_or_nb)[0]
 
 
-def _pictures_in_cell(soup, cell):
+def _pictures_in_cell(html: str, cell):
     """(PNG payloads shown as <img>, widget-view placeholders) inside the exported cell."""
-    div = soup.find(id=f"cell-id={cell.id}")
-    assert div is not None, f"cell {cell.id} not found in the HTML export"
+    from bs4 import BeautifulSoup
+
+    anchor = html.find(f'id="cell-id={cell.id}"')
+    assert anchor >= 0, f"cell {cell.id} not found in the HTML export"
+    start = html.rfind("<div", 0, anchor)
+    following = html.find('id="cell-id=', anchor + 1)  # parse this cell only (a whole page takes ~1 s)
+    end = html.rfind("<div", 0, following) if following >= 0 else len(html)
+    div = BeautifulSoup(html[start:end], "html.parser")
     imgs = [img["src"].split(",", 1)[1] for img in div.find_all("img")
             if img.get("src", "").startswith("data:image/png;base64,")]
     widgets = div.find_all("script", attrs={"type": VIEW})
@@ -81,13 +84,13 @@ def test_html_export_shows_every_explorer_as_a_picture(path: Path):
     explorers = _explorer_outputs(nb)
     assert explorers, (f"{path.name}: no explorer output (every notebook has an Explore section); "
                        f"was it committed unexecuted? Regenerate with: {nt.REGENERATE}")
-    soup = _html_cells(path)
+    html = _html(path)
     for cell, out in explorers:
         where = f"{path.name}, cell {cell.id} ({cell.source.splitlines()[-1]!r})"
         png = out["data"].get("image/png")
         assert png, (f"{where}: the explorer output carries no image/png (displayed by an Explorer without "
                      f"_repr_mimebundle_?); regenerate with: {nt.REGENERATE}")
-        imgs, placeholders = _pictures_in_cell(soup, cell)
+        imgs, placeholders = _pictures_in_cell(html, cell)
         assert png in imgs and not placeholders, (
             f"{where}: `jupyter nbconvert --to html` shows {len(placeholders)} widget placeholder(s) and "
             f"{len(imgs)} picture(s), not the explorer's PNG; the saved widget state still holds the explorer. "
@@ -173,7 +176,7 @@ def test_pipeline_execute_then_finalize_gives_a_picture(executed_tiny, tmp_path)
     assert out.data[VIEW]["model_id"] in state and plain_out.data[VIEW]["model_id"] in state
 
     # negative control: as executed, the export shows the empty widget, not the picture
-    imgs, placeholders = _pictures_in_cell(_html_cells(raw), cell)
+    imgs, placeholders = _pictures_in_cell(_html(raw), cell)
     assert imgs == [] and len(placeholders) == 1
     assert any("saved widget state" in p for p in nt.problems(raw))
 
@@ -181,7 +184,7 @@ def test_pipeline_execute_then_finalize_gives_a_picture(executed_tiny, tmp_path)
     nbformat.write(raw, path)
     report = nt.finalize_file(path)
     done = nbformat.read(path, as_version=4)
-    imgs, placeholders = _pictures_in_cell(_html_cells(done), done.cells[0])
+    imgs, placeholders = _pictures_in_cell(_html(done), done.cells[0])
     assert imgs == [out.data["image/png"]] and placeholders == []
 
     kept = done.metadata.widgets[STATE]["state"]  # the entry and its state key stay (GitHub)
@@ -191,7 +194,7 @@ def test_pipeline_execute_then_finalize_gives_a_picture(executed_tiny, tmp_path)
     plain_refs = {m for m in kept if m != plain_id}
     assert len(plain_refs) == 2 and all(m in json.dumps(kept[plain_id]) for m in plain_refs)
     assert len(report.pruned) == len(state) - 3
-    imgs, placeholders = _pictures_in_cell(_html_cells(done), done.cells[1])
+    imgs, placeholders = _pictures_in_cell(_html(done), done.cells[1])
     assert imgs == [] and len(placeholders) == 1  # a widget without a picture is still drawn as a widget
     assert nt.problems(done) == ["cell 1 (output 0): widget view without a static picture (image/png, image/jpeg, "
                                  "image/svg+xml); display explorers through helpers.viz.Explorer"]

@@ -32,9 +32,13 @@ Each front end picks one of them:
 * **JupyterLab, notebook opened without running it**: a cloned or downloaded notebook is not
   trusted (``nbconvert --execute`` does not sign it); ``'ensure'`` allows only *safe*
   renderers, and ``@jupyter-widgets/jupyterlab-manager`` registers its widget renderer with
-  ``safe: false``, so the PNG is shown. Only a notebook the reader has trusted (signed) shows
-  the widget renderer there, and it prints "Error displaying widget: model not found" until
-  the cells are run, because the saved state no longer holds the explorer (below).
+  ``safe: false``, so the PNG is shown (before this bundle: the ``text/plain`` line
+  ``VBox(children=(HBox(...``). Only a notebook the reader has signed (``jupyter trust``)
+  takes the widget renderer there, and it prints "Error displaying widget: model not found"
+  until the cells run, because the saved state no longer holds the explorer (below); with the
+  full saved state it restored a frozen copy of the sliders in their *last* position, moved by
+  the notebook's later cells. All three cases were observed in JupyterLab 4.6.6 with
+  jupyterlab_widgets 3.0.17 in headless Chromium.
 * **nbconvert's HTML export (and nbviewer, which uses it)**: ``WidgetsDataTypeFilter`` puts
   the widget view first but skips it when its ``model_id`` is not in the notebook's saved
   widget state (``metadata.widgets["application/vnd.jupyter.widget-state+json"]["state"]``);
