@@ -2,7 +2,7 @@
 
 Run from the repository root:
 
-    python experiments/05_head_redundancy_sweeps.py            # everything (about 25 min on 2 busy cores)
+    python experiments/05_head_redundancy_sweeps.py            # everything (40 min on 2 cores shared with other jobs)
     python experiments/05_head_redundancy_sweeps.py pruning    # one experiment (names: see EXPERIMENTS)
 
 Each experiment is a function ``fn(seed) -> dict`` run over its seeds with

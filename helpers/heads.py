@@ -289,8 +289,9 @@ def pruning_curve(
 
     * ``"importance"``: least important first by :func:`head_importance`. With
       ``recompute=True`` the importance of the remaining heads is recomputed after every
-      step, given the heads already pruned (the iterative procedure of Michel et al. 2019,
-      sec. 4.2); with ``recompute=False`` the scores of the full model fix the order.
+      step, given the heads already pruned (the ``--exact_pruning`` option of Michel et
+      al.'s released code); with ``recompute=False`` the scores of the full model fix the
+      order (that code's default, used with layer normalisation, ``normalize=True``).
     * ``"random"``: a random permutation from ``torch.Generator().manual_seed(seed)``.
     * a tensor of scores ``(num_layers, num_heads)``: lowest score pruned first (e.g. from
       :func:`ablation_importance`), ties by index.
