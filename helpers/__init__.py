@@ -24,6 +24,7 @@ Modules
 * :mod:`helpers.kvcache` -- the KV cache and greedy decoding with or without it (notebook 07 §6).
 * :mod:`helpers.viz` -- figures and slider explorers (no numerics of its own).
 * :mod:`helpers.utils` -- seeding and determinism.
+* :mod:`helpers.notebook_tools` -- finalize regenerated notebooks (explorers readable without a kernel); not taught.
 * :mod:`helpers.sweep` -- run an experiment over seeds and summarise the distribution (notebooks 03-06).
 """
 from .utils import seed_everything
