@@ -58,3 +58,28 @@ def test_notebook_inline_dropout_agrees_with_helpers():
         torch.testing.assert_close(ns["dropout_inline"](x, p, generator=torch.Generator().manual_seed(3)),
                                    dropout(x, p, generator=torch.Generator().manual_seed(3)))
     assert ns["dropout_inline"](x, 0.5, training=False) is x
+
+
+def test_residual_dropout_blocks_order_and_labels():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from helpers.viz.regularization import RESIDUAL_BLOCK_STEPS, plot_residual_dropout_blocks
+
+    # the two placements match helpers.TransformerBlock: dropout on the branch, before the addition
+    assert RESIDUAL_BLOCK_STEPS["post"].index("Dropout") < RESIDUAL_BLOCK_STEPS["post"].index("+") < \
+        RESIDUAL_BLOCK_STEPS["post"].index("LayerNorm")
+    assert RESIDUAL_BLOCK_STEPS["pre"].index("LayerNorm") < RESIDUAL_BLOCK_STEPS["pre"].index("Sublayer") < \
+        RESIDUAL_BLOCK_STEPS["pre"].index("Dropout") < RESIDUAL_BLOCK_STEPS["pre"].index("+")
+    fig = plot_residual_dropout_blocks(0.1)
+    try:
+        for ax, norm in zip(fig.axes, ["post", "pre"]):
+            assert ax.get_title(loc="left").startswith(f"{norm}-LN")
+            texts = sorted((t.get_position()[0], t.get_text()) for t in ax.texts if t.get_text())
+            order = [txt for _, txt in texts if txt in ("x", "+", "LayerNorm", "Dropout\np = 0.1", "out")]
+            expected = [s if s != "Dropout" else "Dropout\np = 0.1" for s in RESIDUAL_BLOCK_STEPS[norm] if s != "Sublayer"]
+            assert order == expected
+    finally:
+        plt.close(fig)
+    with pytest.raises(ValueError, match=r"p_drop must be in \[0, 1\), got 1.0"):
+        plot_residual_dropout_blocks(1.0)

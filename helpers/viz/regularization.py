@@ -15,6 +15,8 @@ __all__ = [
     "label_smoothing_explorer",
     "dropout_state",
     "dropout_explorer",
+    "RESIDUAL_BLOCK_STEPS",
+    "plot_residual_dropout_blocks",
     "MAX_CLASSES",
 ]
 
@@ -172,3 +174,73 @@ def dropout_explorer(p: float = 0.1, seed: int = 0) -> Explorer:
 
     animated = [im, title_m, dot_mean, dot_var, suptitle, leg]
     return Explorer(controls, lambda p, seed: dropout_state(p, seed), draw, fig, summary, animated=animated)
+
+
+#: The operations of one sub-layer's residual branch, in order, for each placement of the LayerNorm
+#: (Vaswani et al. 2017, sec. 5.4, post-LN; GPT-2 and most later models, pre-LN). ``"+"`` is the
+#: residual addition of the branch's input ``x``.
+RESIDUAL_BLOCK_STEPS: dict[str, tuple[str, ...]] = {
+    "post": ("x", "Sublayer", "Dropout", "+", "LayerNorm", "out"),
+    "pre": ("x", "LayerNorm", "Sublayer", "Dropout", "+", "out"),
+}
+
+
+def plot_residual_dropout_blocks(p_drop: float = 0.1):
+    r"""Block diagrams of one residual sub-layer, post-LN (top) and pre-LN (bottom), with the
+    residual dropout marked.
+
+    Post-LN: :math:`x \leftarrow \operatorname{LN}(x + \operatorname{Dropout}(\operatorname{Sublayer}(x)))`;
+    pre-LN: :math:`x \leftarrow x + \operatorname{Dropout}(\operatorname{Sublayer}(\operatorname{LN}(x)))`.
+    "Sublayer" is the attention or the feed-forward network (a block has one of each). Boxes
+    follow :data:`RESIDUAL_BLOCK_STEPS` from left to right; the dropout boxes are red and labelled
+    with ``p_drop``; the residual path from ``x`` to the addition is drawn above.
+
+    Returns the pyplot figure (call ``plt.show()``).
+
+    Raises:
+        ValueError: if ``p_drop`` is not in [0, 1).
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyBboxPatch
+
+    if not 0 <= p_drop < 1:
+        raise ValueError(f"p_drop must be in [0, 1), got {p_drop!r}")
+    fig, axes = plt.subplots(2, 1, figsize=(8, 3.8), layout="constrained")
+    style = {"Sublayer": ("#dbe9f6", "attention or\nfeed-forward"), "Dropout": ("#f8c9c4", f"Dropout\np = {p_drop:g}"),
+             "LayerNorm": ("#e3f1dc", "LayerNorm"), "+": ("white", "+"), "x": ("white", "x"), "out": ("white", "out")}
+    titles = {"post": "post-LN (the paper, \u00a75.4): LN(x + Dropout(Sublayer(x)))",
+              "pre": "pre-LN (GPT-2 and later): x + Dropout(Sublayer(LN(x)))"}
+    for ax, (norm, steps) in zip(axes, RESIDUAL_BLOCK_STEPS.items()):
+        xs = np.linspace(0.6, 9.4, len(steps))
+        y = 0.0
+        for i, (name, xc) in enumerate(zip(steps, xs)):
+            face, text = style[name]
+            if name in ("x", "out"):
+                ax.text(xc, y, text, ha="center", va="center", fontsize=11, fontweight="bold")
+            elif name == "+":
+                ax.add_patch(plt.Circle((xc, y), 0.28, facecolor=face, edgecolor="black", lw=1.2))
+                ax.text(xc, y, "+", ha="center", va="center", fontsize=13)
+            else:
+                ax.add_patch(FancyBboxPatch((xc - 0.62, y - 0.42), 1.24, 0.84, boxstyle="round,pad=0.05",
+                                            facecolor=face, edgecolor="C3" if name == "Dropout" else "black",
+                                            lw=2.0 if name == "Dropout" else 1.0))
+                ax.text(xc, y, text, ha="center", va="center", fontsize=8)
+            if i + 1 < len(steps):  # arrow to the next step
+                gap = 0.72 if name not in ("x", "+") else 0.35
+                nxt = steps[i + 1]
+                end_gap = 0.72 if nxt not in ("out", "+") else 0.35
+                ax.annotate("", xy=(xs[i + 1] - end_gap, y), xytext=(xc + gap, y),
+                            arrowprops=dict(arrowstyle="->", lw=1.2))
+        x_plus = xs[steps.index("+")]
+        ax.annotate("", xy=(x_plus, y + 0.3), xytext=(xs[0], y + 0.25),
+                    arrowprops=dict(arrowstyle="->", lw=1.2, color="0.35", connectionstyle="bar,fraction=-0.08",
+                                    shrinkA=8, shrinkB=0))
+        ax.text((xs[0] + x_plus) / 2, 1.02, "residual path (identity, never dropped)", ha="center", va="bottom",
+                fontsize=8, color="0.35")
+        ax.set_title(titles[norm], fontsize=9, loc="left")
+        ax.set_xlim(0, 10)
+        ax.set_ylim(-0.7, 1.35)
+        ax.set_aspect("auto")
+        ax.axis("off")
+    fig.suptitle("Residual dropout (red) acts on the sub-layer's output, before the residual addition", fontsize=10)
+    return fig
