@@ -65,7 +65,7 @@ class MyMHA(nn.Module):
         self.linear_out = nn.Linear(d_model, d_model)
 
     def forward(self, query, key, value, mask=None):
-        """query (B, Lq, d_model), key/value (B, Lk, d_model); mask (Lq, Lk), True = allowed."""
+        """query (B, Lq, d_model), key/value (B, Lk, d_model); mask (Lq, Lk) or (B, 1, 1, Lk), True = allowed."""
         B = query.size(0)
         # 1. project, then split into heads: (B, L, d_model) -> (B, h, L, d_k)
         q = ...

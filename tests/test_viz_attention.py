@@ -20,7 +20,8 @@ from torch import nn
 import helpers
 from helpers import MultiHeadAttention, TinyTransformer, causal_mask
 from helpers.check import SCAFFOLD
-from helpers.viz.attention import attention_explorer, attention_explorer_state, attention_grid, stack_attention
+from helpers.viz.attention import (attention_explorer, attention_explorer_state, attention_grid, plot_split_merge,
+                                   stack_attention)
 
 NB03 = Path(__file__).resolve().parents[1] / "notebooks" / "03_mha_from_scratch.ipynb"
 
@@ -161,6 +162,49 @@ def test_attention_grid_has_one_panel_per_layer_and_head():
     assert [t.get_text() for t in maps[0].get_xticklabels()] == list("abcdef")
     assert all(ax.images[0].get_clim() == (0.0, 1.0) for ax in maps)
     plt.close(fig)
+
+
+def test_attention_grid_index_labels_and_highlighted_rows():
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    fig = attention_grid(_weights(layers=2, heads=3), tokens=list("abcdef"), indices=True,
+                         highlight_rows={0: [1, 3], 1: [5]})
+    maps = [ax for ax in fig.axes if ax.images]
+    assert [t.get_text() for t in maps[0].get_yticklabels()] == ["0 a", "1 b", "2 c", "3 d", "4 e", "5 f"]
+    outlined = [[p.get_y() + 0.5 for p in ax.patches if isinstance(p, Rectangle)] for ax in maps]
+    assert outlined[:3] == [[1.0, 3.0]] * 3 and outlined[3:] == [[5.0]] * 3   # layer 0 = first 3 heads
+    plt.close(fig)
+    with pytest.raises(ValueError, match=r"highlight_rows\[0\] row must be in \[0, 6\), got 6"):
+        attention_grid(_weights(), highlight_rows={0: [6]})
+    with pytest.raises(ValueError, match=r"highlight_rows layer must be in \[0, 2\), got 2"):
+        attention_grid(_weights(), highlight_rows={2: [0]})
+    with pytest.raises(TypeError, match=r"highlight_rows must be a dict"):
+        attention_grid(_weights(), highlight_rows=[0, 1])
+
+
+def test_split_merge_diagram_follows_the_real_reshape():
+    """Each number (token t, column c) is drawn three times; in the per-head blocks, the cells of head i
+    are exactly what torch's view(B, L, h, d_k).transpose(1, 2) puts in head i, in the same row order."""
+    import matplotlib.pyplot as plt
+
+    L, h, d_k = 4, 3, 2
+    fig = plot_split_merge(L, h, d_k)
+    ax = fig.axes[0]
+    cells = [(t.get_position(), t.get_text()) for t in ax.texts if "," in t.get_text() and " " not in t.get_text()]
+    labels = [lab for _, lab in cells]
+    assert len(labels) == 3 * L * h * d_k and all(labels.count(lab) == 3 for lab in set(labels))
+    x_right = max(pos[0] for pos, _ in cells) - (d_k - 1)
+    x = (torch.arange(L)[:, None] * 100 + torch.arange(h * d_k)[None, :]).reshape(1, L, h * d_k)
+    heads = x.view(1, L, h, d_k).transpose(1, 2)[0]                       # (h, L, d_k)
+    right = sorted([(-pos[1], pos[0], lab) for pos, lab in cells if pos[0] >= x_right - 1e-9])
+    drawn = [int(lab.split(",")[0]) * 100 + int(lab.split(",")[1]) for _, _, lab in right]
+    assert drawn == heads.reshape(-1).tolist()
+    plt.close(fig)
+    with pytest.raises(ValueError, match=r"num_heads must be in \[1, 8\] to stay readable, got 9"):
+        plot_split_merge(num_heads=9)
+    with pytest.raises(TypeError, match=r"seq must be an int, got float"):
+        plot_split_merge(seq=2.0)
 
 
 # ------------------------------------------- notebook 03: inline code and scaffold

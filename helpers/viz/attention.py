@@ -2,6 +2,8 @@
 
 * :func:`attention_grid` -- every layer x head attention map of one example, tokens as
   tick labels (a static figure; notebook 05 can reuse it for its heads).
+* :func:`plot_split_merge` -- the split/merge reshape of MHA as a labelled diagram:
+  ``(B, L, d_model) -> (B, L, h, d_k) -> (B, h, L, d_k)`` and back.
 * :func:`attention_explorer_state` -- the pure function behind the explorer: one head's
   map, the selected query's row of weights and what to read from it.
 * :func:`attention_explorer` -- sliders for layer, head and query position over a trained
@@ -24,7 +26,7 @@ from matplotlib.patches import Rectangle
 
 from .explorer import Explorer
 
-__all__ = ["stack_attention", "attention_explorer_state", "attention_explorer", "attention_grid"]
+__all__ = ["stack_attention", "attention_explorer_state", "attention_explorer", "attention_grid", "plot_split_merge"]
 
 WeightsLike = Union[torch.Tensor, Sequence[torch.Tensor]]
 
@@ -268,17 +270,31 @@ def attention_grid(
     tokens: Optional[Sequence[str]] = None,
     title: str = "attention maps",
     panel_size: float = 2.6,
+    indices: bool = False,
+    highlight_rows: Optional[dict] = None,
 ):
     """Every layer (rows) x head (columns) attention map of one example, with token tick labels.
 
     Colour limits are fixed to 0..1 in every panel (one shared colour bar), queries down,
-    keys across. Returns the ``matplotlib.pyplot`` figure (end the cell with ``plt.show()``).
+    keys across. ``indices=True`` labels each tick ``"position token"`` (e.g. ``"3 v5"``) so
+    that prose can name rows by position. ``highlight_rows`` maps a layer to the query rows
+    to outline in red in every head of that layer (e.g. ``{0: [1, 3], 1: [8]}``).
+    Returns the ``matplotlib.pyplot`` figure (end the cell with ``plt.show()``).
     """
     import matplotlib.pyplot as plt
 
     w = stack_attention(weights)
     n_layers, n_heads, n_q, n_k = w.shape
     tokens = _check_tokens(tokens, n_k)
+    highlight_rows = {} if highlight_rows is None else highlight_rows
+    if not isinstance(highlight_rows, dict):
+        raise TypeError(f"highlight_rows must be a dict {{layer: [query rows]}}, got {type(highlight_rows).__name__}")
+    for layer_, rows_ in highlight_rows.items():
+        _check_index(layer_, "highlight_rows layer", n_layers)
+        for r_ in rows_:
+            _check_index(r_, f"highlight_rows[{layer_}] row", n_q)
+    if indices:
+        tokens = [f"{i} {t}" for i, t in enumerate(tokens)]
     fig, axes = plt.subplots(
         n_layers, n_heads, figsize=(panel_size * n_heads + 1.2, panel_size * n_layers + 0.4), squeeze=False,
         layout="constrained",
@@ -292,10 +308,78 @@ def attention_grid(
             ax.set_xticks(ticks, tokens, rotation=90, fontsize=fontsize)
             ax.set_yticks(ticks, tokens if n_q == n_k else [str(i) for i in range(n_q)], fontsize=fontsize)
             ax.set_title(f"layer {l}, head {h}", fontsize=9)
+            for r_ in highlight_rows.get(l, []):
+                ax.add_patch(Rectangle((-0.5, r_ - 0.5), n_k, 1, fill=False, edgecolor="red", lw=1.2))
             if l == n_layers - 1:
                 ax.set_xlabel("key (attended to)", fontsize=8)
             if h == 0:
                 ax.set_ylabel("query (attending)", fontsize=8)
     fig.colorbar(im, ax=axes, shrink=0.8, label="attention weight")
     fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def plot_split_merge(seq: int = 4, num_heads: int = 3, head_dim: int = 2):
+    r"""The split/merge reshape of multi-head attention for one sequence of the batch, as a diagram.
+
+    Left: ``linear_q(x)`` of shape ``(B, L, d_model)`` (one row per token, ``d_model = h * d_k``
+    columns, coloured by the head they will belong to). Middle: ``view(B, L, h, d_k)`` cuts each
+    row into ``h`` pieces of ``d_k`` (no number moves in memory). Right: ``transpose(1, 2)`` gives
+    ``(B, h, L, d_k)``: one ``L x d_k`` matrix per head, on which attention runs. The merge is the
+    way back: ``transpose(1, 2).contiguous().view(B, L, d_model)``. Each cell is labelled
+    ``token,column`` so that the reader can follow one number through the steps.
+    Returns the ``matplotlib.pyplot`` figure.
+    """
+    import matplotlib.pyplot as plt
+
+    for name, value in (("seq", seq), ("num_heads", num_heads), ("head_dim", head_dim)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if not 1 <= value <= 8:
+            raise ValueError(f"{name} must be in [1, 8] to stay readable, got {value}")
+    d_model = num_heads * head_dim
+    colours = plt.get_cmap("tab10").colors
+    fig, ax = plt.subplots(figsize=(10, 3.8), layout="constrained")
+
+    def cell(x0, y0, head, label):
+        ax.add_patch(Rectangle((x0, y0), 1, 1, facecolor=colours[head % 10], alpha=0.45, edgecolor="black", lw=0.6))
+        ax.text(x0 + 0.5, y0 + 0.5, label, ha="center", va="center", fontsize=6)
+
+    gap, x_mid = 0.35, d_model + 3.0
+    x_right = x_mid + d_model + (num_heads - 1) * gap + 3.0
+    for t in range(seq):
+        y = seq - 1 - t                                        # token 0 on top
+        ax.text(-0.3, y + 0.5, f"token {t}", ha="right", va="center", fontsize=7)
+        for c in range(d_model):
+            head = c // head_dim
+            cell(c, y, head, f"{t},{c}")                       # (L, d_model)
+            cell(x_mid + c + head * gap, y, head, f"{t},{c}")  # (L, h, d_k): the same row, cut
+    for head in range(num_heads):                              # (h, L, d_k): one block per head
+        y0 = (num_heads - 1 - head) * (seq + 0.5) - (num_heads - 1) * (seq + 0.5) / 2 + 0.0
+        for t in range(seq):
+            for j in range(head_dim):
+                cell(x_right + j, y0 + seq - 1 - t, head, f"{t},{head * head_dim + j}")
+        ax.text(x_right + head_dim + 0.3, y0 + seq / 2, f"head {head}: (L, d_k)", va="center", fontsize=7)
+    top = seq + 0.4
+    ax.text(d_model / 2, top, "(B, L, d_model)\nlinear_q(x)", ha="center", va="bottom", fontsize=8)
+    ax.text(x_mid + (d_model + (num_heads - 1) * gap) / 2, top, "(B, L, h, d_k)\nview: each row cut in h pieces",
+            ha="center", va="bottom", fontsize=8)
+    y_top_right = (num_heads - 1) * (seq + 0.5) / 2 + seq
+    ax.text(x_right + head_dim / 2, y_top_right + 0.4, "(B, h, L, d_k)\ntranspose(1, 2)", ha="center", va="bottom",
+            fontsize=8)
+    arrow = dict(arrowstyle="->", lw=1.2)
+    ax.annotate("", xy=(x_mid - 0.4, seq / 2), xytext=(d_model + 0.4, seq / 2), arrowprops=arrow)
+    ax.annotate("", xy=(x_right - 0.4, seq / 2), xytext=(x_mid + d_model + (num_heads - 1) * gap + 0.4, seq / 2),
+                arrowprops=arrow)
+    y_low = -(num_heads - 1) * (seq + 0.5) / 2 - 0.6
+    ax.annotate("", xy=(d_model / 2, -0.3), xytext=(x_right + head_dim / 2, y_low),
+                arrowprops=dict(arrowstyle="->", lw=1.2, ls="--", connectionstyle="arc3,rad=-0.15"))
+    ax.text((d_model + x_right) / 2, y_low - 0.2, "merge: transpose(1, 2).contiguous().view(B, L, d_model)",
+            ha="center", va="top", fontsize=8)
+    ax.set_xlim(-2.2, x_right + head_dim + 3.2)
+    ax.set_ylim(y_low - 1.4, y_top_right + 1.6)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title(f"split into heads and merge back (one sequence; L = {seq}, h = {num_heads}, d_k = {head_dim}, "
+                 f"d_model = {d_model}; cell = token,column)", fontsize=9)
     return fig
