@@ -119,3 +119,29 @@ def test_plot_score_scatter_labels_every_head_and_returns_rho():
     with pytest.raises(ValueError, match=r"x and y must be \(num_layers, num_heads\) tensors of the same shape"):
         plot_score_scatter(ax, x, y[:1], xlabel="a", ylabel="b")
     plt.close(fig)
+
+
+def test_plot_attention_map_labels_both_axes_with_the_tokens():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from helpers.viz.heads import plot_attention_map
+
+    w = torch.softmax(torch.randn(5, 5, generator=torch.Generator().manual_seed(0)), dim=-1)
+    tokens = ["T1", "3", "13", "5", "3"]
+    fig, (ax, ax2) = plt.subplots(1, 2)
+    img = plot_attention_map(ax, w, tokens, title="head 1.6")
+    np.testing.assert_allclose(img.get_array(), w.double().numpy())
+    assert img.get_clim() == (0.0, 1.0)
+    assert [t.get_text() for t in ax.get_xticklabels()] == tokens
+    assert [t.get_text() for t in ax.get_yticklabels()] == tokens
+    assert ax.get_title() == "head 1.6" and ax.get_xlabel() == "key token" and ax.get_ylabel() == "query token"
+    plot_attention_map(ax2, w.numpy(), tokens, show_query_labels=False)
+    assert all(t.get_text() == "" for t in ax2.get_yticklabels()) and ax2.get_ylabel() == ""
+    with pytest.raises(ValueError, match=r"weights must be a square \(seq, seq\) matrix, got shape \(5, 4\)"):
+        plot_attention_map(ax, w[:, :4], tokens)
+    with pytest.raises(ValueError, match="tokens must be a sequence of 5 token names"):
+        plot_attention_map(ax, w, tokens[:4])
+    plt.close(fig)

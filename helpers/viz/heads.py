@@ -8,6 +8,8 @@
   with its computed role. Numbers from :func:`head_explorer_state`.
 * :func:`plot_score_scatter` -- two per-head scores against each other (e.g. gradient
   importance vs ablation), one labelled dot per head, with their Spearman rank correlation.
+* :func:`plot_attention_map` -- one head's attention on one example, keys and queries
+  labelled with their tokens (a static figure, large enough to read).
 
 Both redraw by blitting (fixed axis limits, ``AxesImage.set_data`` with a fixed colour range).
 """
@@ -23,7 +25,7 @@ from ..heads import PruningCurve
 from .explorer import Explorer
 
 __all__ = ["prune_explorer_state", "prune_explorer", "head_explorer_state", "head_explorer", "spearman",
-           "plot_score_scatter"]
+           "plot_score_scatter", "plot_attention_map"]
 
 
 def _check_curves(curves) -> dict:
@@ -276,3 +278,39 @@ def plot_score_scatter(ax, x: torch.Tensor, y: torch.Tensor, *, xlabel: str, yla
                  fontsize=10)
     ax.legend(fontsize=7, loc="upper left")
     return rho
+
+
+def plot_attention_map(ax, weights, tokens: Sequence[str], *, title: str = "", fontsize: float = 6,
+                       show_query_labels: bool = True):
+    """One head's attention weights on one example as a heat map, both axes labelled with the tokens.
+
+    Args:
+        ax: matplotlib axes.
+        weights: ``(seq, seq)`` attention weights (rows = queries, columns = keys), tensor or array;
+            drawn on the fixed colour range [0, 1].
+        tokens: the ``seq`` token names of the example (e.g. ``[task.token_names()[i] for i in x]``).
+        title: axes title.
+        fontsize: size of the tick labels.
+        show_query_labels: label the query axis (turn off for maps placed right of another).
+
+    Returns:
+        The ``AxesImage`` (for a shared colour bar).
+    """
+    w = weights.detach().double().cpu().numpy() if isinstance(weights, torch.Tensor) else np.asarray(weights, float)
+    if w.ndim != 2 or w.shape[0] != w.shape[1]:
+        raise ValueError(f"weights must be a square (seq, seq) matrix, got shape {tuple(w.shape)}")
+    if isinstance(tokens, str) or len(tokens) != w.shape[0]:
+        raise ValueError(f"tokens must be a sequence of {w.shape[0]} token names (one per position), got "
+                         f"{len(tokens) if not isinstance(tokens, str) else 'a string'}")
+    n = w.shape[0]
+    img = ax.imshow(w, cmap="viridis", vmin=0.0, vmax=1.0)
+    ax.set_xticks(range(n), [str(t) for t in tokens], rotation=90, fontsize=fontsize)
+    ax.set_xlabel("key token", fontsize=fontsize + 2)
+    if show_query_labels:
+        ax.set_yticks(range(n), [str(t) for t in tokens], fontsize=fontsize)
+        ax.set_ylabel("query token", fontsize=fontsize + 2)
+    else:
+        ax.set_yticks(range(n), [""] * n)
+    if title:
+        ax.set_title(title, fontsize=fontsize + 3)
+    return img
