@@ -299,7 +299,7 @@ def attention_grid(
         n_layers, n_heads, figsize=(panel_size * n_heads + 1.2, panel_size * n_layers + 0.4), squeeze=False,
         layout="constrained",
     )
-    fontsize = 6 if n_k <= 24 else 4
+    fontsize = 7 if n_k <= 16 else (6 if n_k <= 24 else 4)
     ticks = np.arange(n_k)
     for l in range(n_layers):
         for h in range(n_heads):
