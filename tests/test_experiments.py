@@ -6,27 +6,18 @@ digit: two seeds are re-run here and must fall inside the committed spread of th
 """
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+
+@pytest.fixture(scope="module")
+def ablation(experiment_script):
+    return experiment_script("regularization_ablation")
 
 
-def _load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-ablation = _load_script("regularization_ablation")
-
-
-def test_ablation_results_file_matches_the_script():
+def test_ablation_results_file_matches_the_script(ablation):
     data = json.loads(ablation.RESULTS.read_text())
     assert data["seeds"] == ablation.SEEDS and data["settings"] == ablation.SETTINGS
     assert list(data["runs"]) == list(ablation.ARMS)
@@ -39,7 +30,7 @@ def test_ablation_results_file_matches_the_script():
 
 
 @pytest.mark.parametrize("arm", ["none", "dropout 0.1"])
-def test_two_seeds_rerun_inside_the_committed_spread(arm):
+def test_two_seeds_rerun_inside_the_committed_spread(ablation, arm):
     data = json.loads(ablation.RESULTS.read_text())
     committed = {k: np.array([r[k] for r in data["runs"][arm]]) for k in ("val_acc", "train_acc", "induction")}
     seeds = [0, 3]           # two seeds whose verdicts are far from the 0.95 line for both arms

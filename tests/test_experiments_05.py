@@ -7,26 +7,17 @@ distribution. Also checks the saved model the notebook analyses and the file's b
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
 from helpers import sweep
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "experiments" / "05_head_redundancy_sweeps.py"
-
-
 @pytest.fixture(scope="module")
-def ex05():
-    spec = importlib.util.spec_from_file_location("ex05_sweeps", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def ex05(experiment_script):
+    return experiment_script("05_head_redundancy_sweeps")
 
 
 @pytest.fixture(scope="module")

@@ -4,25 +4,16 @@ committed 8-seed spread (with a margin: float32 training differs slightly across
 kernels), and the file records what produced it."""
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import helpers
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "experiments" / "06_positional_sweeps.py"
-
-
 @pytest.fixture(scope="module")
-def exp():
-    spec = importlib.util.spec_from_file_location("exp06", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def exp(experiment_script):
+    return experiment_script("06_positional_sweeps")
 
 
 @pytest.fixture(scope="module")
