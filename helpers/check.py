@@ -809,20 +809,30 @@ def _check_mha(cls: type, d_model: int, num_heads: int, batch: int, seq: int, se
     )
 
 
+def mistake_symptoms(check: Callable[..., "CheckResult"], mistakes: dict, **check_kwargs) -> dict[str, str]:
+    """``{name: symptom}``: the one line ``check`` reports for each planted mistake.
+
+    E.g. ``mistake_symptoms(check_rotation_matrix, ROTATION_MATRIX_MISTAKES)``.
+
+    Raises:
+        RuntimeError: if a planted mistake is not diagnosed as itself (the checker would be wrong).
+    """
+    table = {}
+    for name, f in mistakes.items():
+        r = check(f, **check_kwargs)
+        if r.diagnosis != name:
+            raise RuntimeError(f"planted mistake {name!r} was diagnosed as {r.diagnosis!r}: {r.message}")
+        table[name] = r.symptom
+    return table
+
+
 def planted_bug_symptoms(**check_kwargs) -> dict[str, str]:
     """For each planted MHA bug, the one-line symptom :func:`check_mha` reports for it.
 
-    Runs ``check_mha(PLANTED_BUGS[name], **check_kwargs)`` for every bug and returns
-    ``{name: result.symptom}``, e.g. ``"FAIL without a mask (max |diff| = 0.655)"``: which
-    input fails first and how. A compact table of every mistake the checker names.
+    ``mistake_symptoms(check_mha, PLANTED_BUGS, **check_kwargs)``: ``{name: result.symptom}``,
+    e.g. ``"FAIL without a mask (max |diff| = 0.655)"``: which input fails first and how.
 
     Raises:
         RuntimeError: if a planted bug is not diagnosed as itself (the checker would be wrong).
     """
-    table = {}
-    for name, bug in PLANTED_BUGS.items():
-        r = check_mha(bug, **check_kwargs)
-        if r.diagnosis != name:
-            raise RuntimeError(f"planted bug {name!r} was diagnosed as {r.diagnosis!r}: {r.message}")
-        table[name] = r.symptom
-    return table
+    return mistake_symptoms(check_mha, PLANTED_BUGS, **check_kwargs)

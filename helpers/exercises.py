@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
-from .check import CheckResult, PlantedMistake, Reject, TestInput, diagnose
+from .check import CheckResult, PlantedMistake, Reject, TestInput, diagnose, mistake_symptoms  # re-exported
 
 __all__ = ["run_check", "mistake_symptoms"]
 
@@ -88,23 +88,6 @@ def run_check(
     planted += [PlantedMistake(name, call(f), advice[name]) for name, f in variants]
     return diagnose(call(fn), reference, planted, inputs, atol=atol, rtol=rtol,
                     unknown_hint=unknown_hint, pass_message=pass_message)
-
-
-def mistake_symptoms(check: Callable[..., CheckResult], mistakes: Mapping[str, Callable], **check_kwargs) -> dict[str, str]:
-    """``{name: symptom}``: the one line ``check`` reports for each planted mistake.
-
-    E.g. ``mistake_symptoms(check_rotation_matrix, ROTATION_MATRIX_MISTAKES)``.
-
-    Raises:
-        RuntimeError: if a planted mistake is not diagnosed as itself (the checker would be wrong).
-    """
-    table = {}
-    for name, f in mistakes.items():
-        r = check(f, **check_kwargs)
-        if r.diagnosis != name:
-            raise RuntimeError(f"planted mistake {name!r} was diagnosed as {r.diagnosis!r}: {r.message}")
-        table[name] = r.symptom
-    return table
 
 
 def labelled(label: str, args: tuple, call: str, atol: Optional[float] = None, rtol: Optional[float] = None) -> TestInput:
