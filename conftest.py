@@ -7,6 +7,7 @@ announce the browser part before it begins. They only print; they change no test
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 _seen: set[str] = set()
@@ -36,3 +37,10 @@ _CONFIG = None
 def pytest_configure(config) -> None:
     global _CONFIG
     _CONFIG = config
+
+
+def pytest_sessionstart(session) -> None:
+    ipython_dir = os.environ.get("IPYTHONDIR", "")
+    if Path(ipython_dir).resolve() == (Path(__file__).resolve().parent / "tests" / "perturbed_arithmetic" / "ipython"):
+        _write(session.config, "[perturbed arithmetic] every kernel nbval starts moves torch's order-dependent "
+                               "results by one ulp (tests/perturbed_arithmetic/perturb.py)")

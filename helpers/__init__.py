@@ -7,14 +7,13 @@ Modules
 -------
 * :mod:`helpers.rope` -- rotary position embedding (notebooks 01, 02).
 * :mod:`helpers.attention` -- scaled dot-product and multi-head attention (notebook 03).
-* :mod:`helpers.check` -- ``diagnose``: the shared engine of the diagnosing checkers
-  (planted mistakes, several test inputs); ``check_mha`` on it diagnoses a learner's MHA
-  (notebook 03), ``planted_bug_symptoms`` tabulates what it reports for each planted bug.
-* :mod:`helpers.check_rope` (01, 02), :mod:`helpers.check_attention` (03),
-  :mod:`helpers.check_regularization` (04), :mod:`helpers.check_heads` (05),
-  :mod:`helpers.check_positional` (06), :mod:`helpers.check_kvcache` (07) -- the other "write it
-  from memory" checkers on the same engine, each with its worked solution and a dict of planted
-  mistakes; :mod:`helpers.exercises` -- their shared plumbing (``mistake_symptoms``).
+* :mod:`helpers.practice` -- the "write it from memory" exercises: ``diagnose``, the engine of
+  the diagnosing checkers (planted mistakes, several test inputs; :mod:`helpers.practice.engine`),
+  then one module per topic, each with its checkers, worked solutions and planted mistakes:
+  :mod:`~helpers.practice.rope` (01, 02), :mod:`~helpers.practice.mha` (``check_mha``, 03),
+  :mod:`~helpers.practice.attention` (03), :mod:`~helpers.practice.regularization` (04),
+  :mod:`~helpers.practice.heads` (05), :mod:`~helpers.practice.positional` (06),
+  :mod:`~helpers.practice.kvcache` (07). Their public names are exported here too.
 * :mod:`helpers.model`, :mod:`helpers.tasks`, :mod:`helpers.train` -- the tiny transformer,
   synthetic tasks and training loop (taught in 03, used by 04-06).
 * :mod:`helpers.regularization` -- dropout, label smoothing, penalties, calibration (notebook 04).
@@ -24,11 +23,15 @@ Modules
 * :mod:`helpers.kvcache` -- the KV cache and greedy decoding with or without it (notebook 07 §6).
 * :mod:`helpers.viz` -- figures and slider explorers (no numerics of its own).
 * :mod:`helpers.utils` -- seeding and determinism.
+* :mod:`helpers.roundoff` -- ``roundoff``: how every notebook prints a rounding error (masked by the tests).
 * :mod:`helpers.notebook_tools` -- finalize regenerated notebooks (explorers readable without a kernel); not taught.
 * :mod:`helpers.sweep` -- run an experiment over seeds and summarise the distribution (notebooks 03-06).
+* :mod:`helpers.stats` -- paired comparisons, censored time-to-threshold, "k of n" intervals (``scipy.stats``).
 """
 from .utils import seed_everything
+from .roundoff import roundoff
 from .sweep import SweepError, SweepResult, first_step_reaching, sweep
+from .stats import Censored, PairedComparison, k_of_n_interval, paired, proportion_interval, time_to_threshold
 from .rope import (
     RotaryEmbedding,
     apply_rope,
@@ -61,27 +64,24 @@ from .tasks import (
 )
 from .train import TrainResult, cross_entropy_loss, evaluate, train
 from .positional import PairRecallTask, use_rope_base
-from .check import (
-    BUG_MESSAGES, PLANTED_BUGS, SCAFFOLD, CheckResult, MHACheck, NotesMHA, PlantedMistake, Reject, TestInput,
-    check_mha, diagnose, planted_bug_symptoms,
-)
-from .exercises import mistake_symptoms
-from .check_rope import (
+from .practice.engine import CheckResult, PlantedMistake, Reject, TestInput, diagnose, mistake_symptoms
+from .practice.mha import BUG_MESSAGES, PLANTED_BUGS, SCAFFOLD, MHACheck, NotesMHA, check_mha, planted_bug_symptoms
+from .practice.rope import (
     ROPE_ADVICE, ROPE_HALF_MISTAKES, ROPE_INTERLEAVED_MISTAKES, ROTATION_MATRIX_ADVICE, ROTATION_MATRIX_MISTAKES,
     check_rope_half, check_rope_interleaved, check_rotation_matrix, rope_half_solution, rope_interleaved_solution,
     rotation_matrix_solution,
 )
-from .check_attention import SDPA_ADVICE, SDPA_MISTAKES, causal_sdpa_solution, check_causal_sdpa
-from .check_regularization import (
+from .practice.attention import SDPA_ADVICE, SDPA_MISTAKES, causal_sdpa_solution, check_causal_sdpa
+from .practice.regularization import (
     DROPOUT_ADVICE, DROPOUT_MISTAKES, LABEL_SMOOTHING_ADVICE, LABEL_SMOOTHING_MISTAKES, LABEL_SMOOTHING_SOLUTIONS,
     check_dropout, check_label_smoothing, dropout_solution,
 )
-from .check_heads import HEAD_IMPORTANCE_ADVICE, HEAD_IMPORTANCE_MISTAKES, check_head_importance, head_importance_solution
-from .check_positional import (
+from .practice.heads import HEAD_IMPORTANCE_ADVICE, HEAD_IMPORTANCE_MISTAKES, check_head_importance, head_importance_solution
+from .practice.positional import (
     ALIBI_SLOPES_ADVICE, ALIBI_SLOPES_MISTAKES, SINUSOIDAL_ADVICE, SINUSOIDAL_MISTAKES, alibi_slopes_solution,
     check_alibi_slopes, check_sinusoidal, sinusoidal_solution,
 )
-from .check_kvcache import KV_DECODE_ADVICE, KV_DECODE_MISTAKES, check_kv_decode_step, kv_decode_step_solution
+from .practice.kvcache import KV_DECODE_ADVICE, KV_DECODE_MISTAKES, check_kv_decode_step, kv_decode_step_solution
 from .heads import (
     PruningCurve,
     ablation_importance,
@@ -98,9 +98,11 @@ from .heads import (
 )
 
 __all__ = [
-    "seed_everything",
+    "seed_everything", "roundoff",
     # sweep
     "SweepError", "SweepResult", "first_step_reaching", "sweep",
+    # stats
+    "Censored", "PairedComparison", "k_of_n_interval", "paired", "proportion_interval", "time_to_threshold",
     # rope
     "RotaryEmbedding", "apply_rope", "apply_rope_complex", "apply_rope_matrix", "half_to_interleaved",
     "interleaved_to_half", "interleaved_to_half_index", "llama3_frequencies", "ntk_scaled_base", "rope_angles", "rope_frequencies", "rotation_matrix",
@@ -113,10 +115,10 @@ __all__ = [
     "IGNORE_INDEX", "AssociativeRecallTask", "CopyTask", "LookbackTask", "MixedTask", "Split", "Task",
     "accuracy", "make_task", "sequence_accuracy",
     "TrainResult", "cross_entropy_loss", "evaluate", "train",
-    # check
+    # practice: the engine and the MHA checker
     "BUG_MESSAGES", "PLANTED_BUGS", "SCAFFOLD", "MHACheck", "NotesMHA", "check_mha",
     "CheckResult", "PlantedMistake", "Reject", "TestInput", "diagnose", "planted_bug_symptoms",
-    # the other exercise checkers (notebooks 01, 02, 03, 04, 05, 06, 07)
+    # practice: the other exercise checkers (notebooks 01, 02, 03, 04, 05, 06, 07)
     "mistake_symptoms",
     "check_rotation_matrix", "rotation_matrix_solution", "ROTATION_MATRIX_MISTAKES", "ROTATION_MATRIX_ADVICE",
     "check_rope_interleaved", "check_rope_half", "rope_interleaved_solution", "rope_half_solution",

@@ -288,9 +288,11 @@ class MultiHeadAttention(nn.Module):
         self.rope_base = float(rope_base)
         self.rope_layout = rope_layout
         # Optional per-pair RoPE frequencies (head_dim // 2,) replacing rope_base ** (-2i/d), e.g.
-        # helpers.rope.llama3_frequencies (set by helpers.hf.mha_from_llama). A plain attribute, not a
-        # buffer, so that module.to(torch.bfloat16) cannot round it (notebook 07 §5).
-        self.rope_inv_freq: Optional[torch.Tensor] = None
+        # helpers.rope.llama3_frequencies (set by helpers.hf.mha_from_llama). A persistent buffer, so it
+        # travels in state_dict() and follows .to(device); _apply keeps its float32 when the module is
+        # cast (.to(torch.bfloat16), .half()), so a cast cannot round it (notebook 07 §5). None (the
+        # default, plain RoPE) is not in the state_dict.
+        self.register_buffer("rope_inv_freq", None, persistent=True)
         self.linear_q = nn.Linear(d_model, d_model, bias=bias)
         self.num_kv_heads = num_kv_heads
         self.linear_k = nn.Linear(d_model, num_kv_heads * self.head_dim, bias=bias)
@@ -304,6 +306,34 @@ class MultiHeadAttention(nn.Module):
         if self.rope:
             s += f", rope=True, rope_base={self.rope_base:g}, rope_layout={self.rope_layout!r}"
         return s
+
+    # -- rope_inv_freq: a buffer that a dtype cast does not round ------------------------
+    def _apply(self, fn, recurse: bool = True):
+        """As ``nn.Module._apply``, but ``rope_inv_freq`` keeps its dtype (float32) under casts such as
+        ``.to(torch.bfloat16)``, ``.half()`` or ``.bfloat16()``; it still follows device moves."""
+        inv = self.rope_inv_freq
+        super()._apply(fn, recurse)
+        new = self.rope_inv_freq
+        if inv is not None and new is not None and new.dtype != inv.dtype:
+            self._buffers["rope_inv_freq"] = inv.to(device=new.device)
+        return self
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        """Load ``rope_inv_freq`` too when the state_dict has it, also into a module built without it (its
+        buffer is ``None`` until then); it is kept in float32 (or the float64 it was saved in)."""
+        key = prefix + "rope_inv_freq"
+        saved = state_dict.get(key)
+        if isinstance(saved, torch.Tensor):
+            if saved.shape != (self.head_dim // 2,):
+                error_msgs.append(f"size mismatch for {key}: expected shape (head_dim // 2,) = ({self.head_dim // 2},), "
+                                  f"got {tuple(saved.shape)}")
+                state_dict = {k: v for k, v in state_dict.items() if k != key}
+            else:
+                dtype = saved.dtype if saved.dtype == torch.float64 else torch.float32
+                self._buffers["rope_inv_freq"] = torch.empty(saved.shape, dtype=dtype, device=self.linear_q.weight.device)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
 
     # -- the two reshapes of the notes --------------------------------------------
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
@@ -393,7 +423,8 @@ class MultiHeadAttention(nn.Module):
                 the new tokens' keys and values (keys after RoPE) are appended to layer
                 ``layer_idx`` of the cache and the queries attend causally to every cached key;
                 ``positions`` then default to ``cache.seq_len(layer_idx) + 0 .. seq_q-1``
-                (:func:`helpers.kvcache.cached_self_attention`; notebook 07 §6).
+                (notebook 07 §6). Any object with ``seq_len(layer_idx)`` and ``update(layer_idx, key, value)``
+                works (Hugging Face's ``cache.update`` contract); this module does not import the cache.
             layer_idx: the cache layer this module owns (with ``cache``).
 
         Returns:
@@ -404,10 +435,7 @@ class MultiHeadAttention(nn.Module):
             if key is not None or value is not None or key_positions is not None:
                 raise ValueError("with a cache, attention is self-attention over the cached tokens: "
                                  "key, value and key_positions must be None")
-            from .kvcache import cached_self_attention
-
-            return cached_self_attention(self, query, cache, layer_idx, mask=mask, head_mask=head_mask,
-                                         need_weights=need_weights, positions=positions)
+            return self._decode_step(query, cache, layer_idx, mask, head_mask, need_weights, positions)
         if key is None:
             key = query
         if value is None:
@@ -415,26 +443,75 @@ class MultiHeadAttention(nn.Module):
         self._check_inputs(query, key, value)
         b, n_q, _ = query.shape
         n_k = key.shape[1]
-        if not self.rope and (positions is not None or key_positions is not None):
-            raise ValueError("positions/key_positions are only used with rope=True; this module has rope=False")
-        if mask is not None:
-            _check_mask(mask, (b, self.num_heads, n_q, n_k))
-            if mask.dtype != torch.bool:
-                mask = mask.to(query.dtype)
-
-        q = self.split_heads(self.linear_q(query))  # (b, h, n_q, d_k)
-        g = self.num_kv_heads  # g == h unless grouped-query attention
-        k = self.linear_k(key).view(b, n_k, g, self.head_dim).transpose(1, 2)  # (b, g, n_k, d_k)
-        v = self.linear_v(value).view(b, n_k, g, self.head_dim).transpose(1, 2)  # (b, g, n_k, d_k)
+        self._check_rope_args(positions, key_positions)
+        mask = self._prepare_mask(mask, (b, self.num_heads, n_q, n_k), query.dtype)
+        q, k, v = self._project(query, key, value)  # (b, h, n_q, d_k), (b, g, n_k, d_k) x 2
         if self.rope:
-            pq = self._rope_positions(positions, n_q, "positions")
             if key_positions is None:
                 key_positions = positions if n_k == n_q else None
-            pk = self._rope_positions(key_positions, n_k, "key_positions")
-            kw = {} if self.rope_inv_freq is None else {"frequencies": self.rope_inv_freq}
-            q = apply_rope(q, pq, base=self.rope_base, layout=self.rope_layout, **kw)
-            k = apply_rope(k, pk, base=self.rope_base, layout=self.rope_layout, **kw)
+            q = self._rotate(q, self._rope_positions(positions, n_q, "positions"))
+            k = self._rotate(k, self._rope_positions(key_positions, n_k, "key_positions"))
         k, v = self.repeat_kv(k), self.repeat_kv(v)  # (b, h, n_k, d_k): each K/V head serves its group
+        return self._attend(q, k, v, mask, head_mask, need_weights)
+
+    # -- the pieces of forward -------------------------------------------------------------
+    def _check_rope_args(self, positions, key_positions=None, names: str = "positions/key_positions") -> None:
+        if not self.rope and (positions is not None or key_positions is not None):
+            raise ValueError(f"{names} are only used with rope=True; this module has rope=False")
+
+    @staticmethod
+    def _prepare_mask(mask, scores_shape: tuple, dtype: torch.dtype):
+        """Check ``mask`` against the scores' shape; a float mask is cast to the activations' dtype."""
+        if mask is None:
+            return None
+        _check_mask(mask, scores_shape)
+        return mask if mask.dtype == torch.bool else mask.to(dtype)
+
+    def _project(self, query, key, value):
+        """The three input projections, split into heads: ``q`` ``(b, h, n_q, d_k)``; ``k``, ``v``
+        ``(b, g, n_k, d_k)`` with ``g = num_kv_heads`` (``g == h`` unless grouped-query attention)."""
+        b, n_k = key.shape[:2]
+        q = self.split_heads(self.linear_q(query))
+        k = self.linear_k(key).view(b, n_k, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.linear_v(value).view(b, n_k, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        return q, k, v
+
+    def _rotate(self, t: torch.Tensor, positions) -> torch.Tensor:
+        """RoPE on per-head queries or keys ``(b, heads, n, d_k)`` with this module's base, layout and
+        (if set) ``rope_inv_freq``; ``positions`` as returned by :meth:`_rope_positions`."""
+        kw = {} if self.rope_inv_freq is None else {"frequencies": self.rope_inv_freq}
+        return apply_rope(t, positions, base=self.rope_base, layout=self.rope_layout, **kw)
+
+    def _decode_step(self, x, cache, layer_idx, mask, head_mask, need_weights, positions):
+        r"""Causal self-attention of the new tokens ``x`` ``(b, n, d_model)`` over the cached ones and themselves.
+
+        ``cache`` is any object with ``seq_len(layer_idx)`` (tokens cached so far, :math:`p`) and
+        ``update(layer_idx, key, value)`` (append ``(b, g, n, d_k)`` keys/values, return all of them),
+        e.g. :class:`helpers.kvcache.KVCache` (the contract of Hugging Face's ``cache.update``). The new
+        tokens are rotated at positions :math:`p .. p+n-1` (unless ``positions`` are given) *before*
+        their keys go into the cache, and new query :math:`i` sees keys :math:`0 .. p+i`.
+        """
+        if not (callable(getattr(cache, "update", None)) and callable(getattr(cache, "seq_len", None))):
+            raise TypeError("cache must be a KV cache with update(layer_idx, key, value) and seq_len(layer_idx) "
+                            f"(e.g. helpers.kvcache.KVCache), got {type(cache).__name__}")
+        self._check_inputs(x, x, x)
+        self._check_rope_args(positions, names="positions")
+        b, n, _ = x.shape
+        past = cache.seq_len(layer_idx)
+        total = past + n
+        q, k, v = self._project(x, x, x)
+        if self.rope:
+            if positions is None:
+                positions = torch.arange(past, total, device=x.device)  # the new tokens' absolute positions
+            else:
+                positions = self._rope_positions(positions, n, "positions")
+            q, k = self._rotate(q, positions), self._rotate(k, positions)
+        k, v = cache.update(layer_idx, k, v)  # (b, g, past + n, d_k), keys already rotated
+        k, v = self.repeat_kv(k), self.repeat_kv(v)
+        if mask is None:
+            mask = torch.ones(total, total, dtype=torch.bool, device=x.device).tril()[past:]  # (n, past + n)
+        else:
+            mask = self._prepare_mask(mask, (b, self.num_heads, n, total), q.dtype)
         return self._attend(q, k, v, mask, head_mask, need_weights)
 
     def _attend(self, q, k, v, mask, head_mask, need_weights):

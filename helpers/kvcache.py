@@ -26,7 +26,8 @@ the motivation) by :math:`h`.
 * :class:`KVCache` -- the per-layer store (like ``transformers``' ``DynamicCache``).
 * :func:`kv_cache_bytes` -- the formula above.
 * :func:`cached_self_attention` -- one decoding step of a :class:`~helpers.attention.MultiHeadAttention`
-  (what ``MultiHeadAttention.forward(x, cache=..., layer_idx=...)`` runs).
+  (the same as ``MultiHeadAttention.forward(x, cache=..., layer_idx=...)``, which asks the cache to
+  append and return the keys and values through :meth:`KVCache.update`).
 * :func:`greedy_generate` -- greedy decoding with or without the cache
   (what ``TinyTransformer.generate`` runs).
 """
@@ -36,6 +37,7 @@ from typing import Optional
 
 import torch
 
+from .attention import MultiHeadAttention
 from .tasks import _check_int
 
 __all__ = ["KVCache", "kv_cache_bytes", "cached_self_attention", "greedy_generate"]
@@ -177,9 +179,6 @@ def cached_self_attention(
     Returns:
         ``(output (batch, n, d_model), weights (batch, heads, n, p + n) or None)``.
     """
-    from .attention import MultiHeadAttention, _check_mask
-    from .rope import apply_rope
-
     if not isinstance(mha, MultiHeadAttention):
         raise TypeError(f"mha must be a helpers.MultiHeadAttention, got {type(mha).__name__}")
     if not isinstance(cache, KVCache):
@@ -187,32 +186,10 @@ def cached_self_attention(
     if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != mha.d_model:
         raise ValueError(f"x must have shape (batch, seq, d_model={mha.d_model}), got "
                          f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
-    b, n, _ = x.shape
-    past = cache.seq_len(layer_idx)
-    g, dk = mha.num_kv_heads, mha.head_dim
-    q = mha.split_heads(mha.linear_q(x))                              # (b, h, n, d_k)
-    k = mha.linear_k(x).view(b, n, g, dk).transpose(1, 2)             # (b, g, n, d_k)
-    v = mha.linear_v(x).view(b, n, g, dk).transpose(1, 2)
-    if mha.rope:
-        if positions is None:
-            positions = torch.arange(past, past + n, device=x.device)  # the new tokens' absolute positions
-        else:
-            positions = mha._rope_positions(positions, n, "positions")
-        kw = {"frequencies": mha.rope_inv_freq} if getattr(mha, "rope_inv_freq", None) is not None else {}
-        q = apply_rope(q, positions, base=mha.rope_base, layout=mha.rope_layout, **kw)
-        k = apply_rope(k, positions, base=mha.rope_base, layout=mha.rope_layout, **kw)
-    elif positions is not None:
-        raise ValueError("positions are only used with rope=True; this module has rope=False")
-    k, v = cache.update(layer_idx, k, v)                              # (b, g, past + n, d_k), keys already rotated
-    k, v = mha.repeat_kv(k), mha.repeat_kv(v)                         # (b, h, past + n, d_k)
-    total = past + n
-    if mask is None:
-        mask = torch.ones(total, total, dtype=torch.bool, device=x.device).tril()[past:]  # (n, past + n)
-    else:
-        _check_mask(mask, (b, mha.num_heads, n, total))
-        if mask.dtype != torch.bool:
-            mask = mask.to(q.dtype)
-    return mha._attend(q, k, v, mask, head_mask, need_weights)  # the same last lines as MultiHeadAttention.forward
+    # The step itself lives in the attention module, which asks the cache to append and return the keys
+    # and values (KVCache.update); the cache depends on attention, not the other way round.
+    return mha(x, mask=mask, head_mask=head_mask, need_weights=need_weights, positions=positions,
+               cache=cache, layer_idx=layer_idx)
 
 
 @torch.no_grad()

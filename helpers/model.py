@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from .attention import MultiHeadAttention, _check_dropout, _check_positive_int, causal_mask
+from .kvcache import KVCache, greedy_generate
 
 __all__ = ["POSITIONAL_ENCODINGS", "sinusoidal_encoding", "alibi_slopes", "alibi_bias", "TransformerBlock", "TinyTransformer"]
 
@@ -348,6 +349,28 @@ class TinyTransformer(nn.Module):
         Returns:
             Logits ``(batch, seq, vocab_size)``.
         """
+        self._check_tokens(tokens)
+        b, n = tokens.shape
+        if cache is not None and positions is None:  # KV-cache decoding: these tokens follow the cached ones
+            offset = offset + self._check_cache(cache)
+        pos = self._positions(tokens, positions, offset)
+        x = self._embed(tokens, pos)
+        x = self.drop(x)
+        mask = self._attention_mask(n, pos, cache, tokens.device)
+        hm = None if head_mask is None else self._check_head_mask(head_mask, b)
+        rope_pos = pos if self.pos == "rope" else None
+        weights = []
+        for l, block in enumerate(self.blocks):
+            layer_hm = None if hm is None else (hm[l] if hm.dim() == 2 else hm[:, l])
+            kv = {} if cache is None else {"cache": cache, "layer_idx": l}
+            x, w = block(x, mask=mask, head_mask=layer_hm, positions=rope_pos, need_weights=need_weights, **kv)
+            if need_weights:
+                weights.append(w.detach())
+        self.attention_weights = weights
+        return self.head(self.ln_f(x))
+
+    def _check_tokens(self, tokens) -> None:
+        """``tokens`` must be a ``(batch, seq)`` integer tensor with ids in ``[0, vocab_size)``."""
         if not isinstance(tokens, torch.Tensor):
             raise TypeError(f"tokens must be a torch.Tensor of token ids, got {type(tokens).__name__}")
         if tokens.dim() != 2:
@@ -359,10 +382,11 @@ class TinyTransformer(nn.Module):
                 f"tokens must be in [0, vocab_size={self.vocab_size}), got values in "
                 f"[{int(tokens.min())}, {int(tokens.max())}]"
             )
-        b, n = tokens.shape
-        if cache is not None and positions is None:  # KV-cache decoding: these tokens follow the cached ones
-            offset = offset + self._check_cache(cache)
-        pos = self._positions(tokens, positions, offset)
+
+    def _embed(self, tokens: torch.Tensor, pos: Optional[torch.Tensor]) -> torch.Tensor:
+        """Token embeddings plus the *absolute* encodings (``learned``, ``sinusoidal``); RoPE and ALiBi
+        act inside attention instead. ``pos``: the positions, or None for ``0 .. seq-1``."""
+        n = tokens.shape[1]
         x = self.tok_emb(tokens)
         if self.pos == "learned":
             p = pos if pos is not None else torch.arange(n, device=tokens.device)
@@ -379,32 +403,24 @@ class TinyTransformer(nn.Module):
         elif self.pos == "sinusoidal":
             p = pos if pos is not None else torch.arange(n, device=tokens.device)
             x = x + sinusoidal_encoding(p, self.d_model).to(device=x.device, dtype=x.dtype)
-        x = self.drop(x)
+        return x
 
-        mask = causal_mask(n, device=tokens.device) if self.causal else None
-        if self.pos == "alibi":  # the causal mask with ALiBi's linear distance penalty on the allowed scores
-            p = pos if pos is not None else torch.arange(n, device=tokens.device)
-            mask = alibi_bias(p, alibi_slopes(self.num_heads))  # (heads, n, n) or (batch, heads, n, n)
+    def _attention_mask(self, n: int, pos: Optional[torch.Tensor], cache, device) -> Optional[torch.Tensor]:
+        """The mask every block uses: causal (or none for an encoder); with ALiBi, the causal mask plus the
+        linear distance penalty as an additive bias ``(heads, n, n)`` or ``(batch, heads, n, n)``; None when
+        decoding with a cache (the attention's decoding step masks cached + new keys itself)."""
+        mask = causal_mask(n, device=device) if self.causal else None
+        if self.pos == "alibi":
+            p = pos if pos is not None else torch.arange(n, device=device)
+            mask = alibi_bias(p, alibi_slopes(self.num_heads))
         if cache is not None:
             self._check_cache(cache)
-            mask = None  # cached_self_attention builds the causal mask over cached + new keys
-        hm = None if head_mask is None else self._check_head_mask(head_mask, b)
-        rope_pos = pos if self.pos == "rope" else None
-        weights = []
-        for l, block in enumerate(self.blocks):
-            layer_hm = None if hm is None else (hm[l] if hm.dim() == 2 else hm[:, l])
-            kv = {} if cache is None else {"cache": cache, "layer_idx": l}
-            x, w = block(x, mask=mask, head_mask=layer_hm, positions=rope_pos, need_weights=need_weights, **kv)
-            if need_weights:
-                weights.append(w.detach())
-        self.attention_weights = weights
-        return self.head(self.ln_f(x))
+            mask = None
+        return mask
 
     # ------------------------------------------------------------------ decoding (notebook 07 §6)
     def _check_cache(self, cache) -> int:
         """Validate a KV cache for this model; return how many tokens it holds."""
-        from .kvcache import KVCache
-
         if not isinstance(cache, KVCache):
             raise TypeError(f"cache must be a helpers.kvcache.KVCache, got {type(cache).__name__}")
         if not self.causal:
@@ -426,15 +442,14 @@ class TinyTransformer(nn.Module):
         Args:
             tokens: ``(batch, prompt_len)`` token ids, prompt_len >= 1.
             max_new_tokens: int >= 0; ``prompt_len + max_new_tokens`` must not exceed ``max_len``
-                (the length the model was built for; the cache is sized by it).
+                (the length the model was built for). The cache is not sized by it: it is a
+                ``KVCache(num_layers)`` with ``max_len=None``, growing by one token per step.
             use_cache: decode with the KV cache.
             return_logits: also return the ``(batch, max_new_tokens, vocab_size)`` logits.
 
         Returns:
             ``(batch, prompt_len + max_new_tokens)`` token ids (and the logits).
         """
-        from .kvcache import greedy_generate
-
         if not self.causal:
             raise ValueError("generate needs causal=True (a decoder-only model)")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:

@@ -132,6 +132,7 @@ def _positions_tensor(
     if positions is None:
         return torch.arange(seq, device=device, dtype=dtype)
     if isinstance(positions, torch.Tensor):
+        _check_positions_dtype(positions)
         pos = positions.to(device=device, dtype=dtype)
     else:
         pos = torch.as_tensor(positions, device=device, dtype=dtype)
@@ -140,11 +141,26 @@ def _positions_tensor(
             "positions must have one entry per sequence position (last dimension = seq = "
             f"{seq}), got shape {tuple(pos.shape)}"
         )
-    if not torch.isfinite(pos).all():
+    if pos.device.type != "meta" and not torch.isfinite(pos).all():  # meta tensors hold no values to check
         raise ValueError("positions must be finite")
     if x_shape is not None:
         pos = _align_positions(pos, tuple(x_shape))
     return pos
+
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def _check_positions_dtype(positions: torch.Tensor) -> None:
+    """Refuse float16/bfloat16 position tensors: they cannot hold the positions themselves
+    (bfloat16 is exact for integers only up to 256, float16 up to 2048; notebook 02 §5)."""
+    if positions.dtype in _LOW_PRECISION:
+        raise TypeError(
+            "positions must be an integer, float32 or float64 tensor (float16/bfloat16 round the "
+            f"positions themselves, e.g. bfloat16 holds integers exactly only up to 256), got dtype {positions.dtype}"
+        )
+    if positions.dtype == torch.bool or positions.is_complex():
+        raise TypeError(f"positions must be an integer or real floating-point tensor, got dtype {positions.dtype}")
 
 
 def _align_positions(pos: torch.Tensor, x_shape: tuple) -> torch.Tensor:
@@ -424,7 +440,7 @@ def _cos_sin(
 
 
 def _rotate(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, rot: Optional[torch.Tensor] = None
 ) -> torch.Tensor:
     """Apply the rotation given per-pair ``cos``/``sin`` (broadcastable to ``(..., seq, d/2)``).
 
@@ -432,22 +448,39 @@ def _rotate(
         second = x_b * cos + x_a * sin
 
     where ``(x_a, x_b)`` are the two members of each pair: ``(x[2i], x[2i+1])`` in the
-    interleaved layout, ``(x[i], x[i + d/2])`` in the half layout. No ``cat``/``stack``
-    of ``x`` and no rotated copy of ``x``: the result is assembled in one preallocated
-    output with ``torch.mul(..., out=)`` and fused multiply-adds (``addcmul_``).
+    interleaved layout, ``(x[i], x[i + d/2])`` in the half layout. ``cos``/``sin`` are in
+    the angle dtype (``rot = cos + i sin`` may be passed when it is already at hand).
+
+    * half layout: ``x * (cos, cos)``, then one fused multiply-add (``addcmul_``) on each
+      half of that fresh output, in ``x.dtype``;
+    * interleaved float16/bfloat16 input: :func:`_rotate_upcast` (Meta's approach: one
+      upcast copy to float32, the complex multiply in place, one downcast);
+    * interleaved float32/float64 input that cannot be viewed as complex: the stride-2
+      halves, ``torch.mul(..., out=)`` into one preallocated output when no gradient is
+      needed, else the same products out of place (``out=`` does not support autograd),
+      stacked back into pairs. Both give the same numbers.
     """
     d = x.shape[-1]
+    if layout == "interleaved" and x.dtype in _LOW_PRECISION:
+        return _rotate_upcast(x, torch.complex(cos.float(), sin.float()) if rot is None else rot)
     if cos.dtype != x.dtype:
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     if layout == "half":
         # Each half is a run of d/2 contiguous numbers: one full-width multiply by
-        # (cos, cos), then one fused multiply-add per half.
+        # (cos, cos), then one fused multiply-add per half (in place on a fresh tensor:
+        # autograd-safe, since the product saves its inputs, not its output).
         h = d // 2
         out = x * torch.cat([cos, cos], dim=-1)
         out[..., :h].addcmul_(x[..., h:], sin, value=-1.0)
         out[..., h:].addcmul_(x[..., :h], sin)
         return out
     xa, xb = x[..., 0::2], x[..., 1::2]
+    if torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad):
+        oa = xa * cos
+        oa.addcmul_(xb, sin, value=-1.0)
+        ob = xb * cos
+        ob.addcmul_(xa, sin)
+        return torch.stack((oa, ob), dim=-1).flatten(-2)
     shape = torch.broadcast_shapes(x.shape[:-1] + (d // 2,), cos.shape)
     out = torch.empty(shape[:-1] + (d,), dtype=x.dtype, device=x.device)
     oa, ob = out[..., 0::2], out[..., 1::2]
@@ -456,6 +489,22 @@ def _rotate(
     torch.mul(xb, cos, out=ob)
     ob.addcmul_(xa, sin)
     return out
+
+
+def _rotate_upcast(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
+    """Interleaved RoPE of float16/bfloat16 ``x`` computed in float32, as Meta's Llama does
+    (``view_as_complex(xq.float()) * freqs_cis``, then ``type_as``): one upcast copy of ``x``
+    (which is complex-viewable), the complex multiply by ``rot`` (``(..., seq, d/2)``,
+    complex64) in place on that copy, one rounding back to ``x.dtype``. Out of place with
+    respect to ``x``, so autograd-safe; one rounding per output instead of one per product."""
+    xf = x.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
+    z = torch.view_as_complex(xf.unflatten(-1, (x.shape[-1] // 2, 2)))
+    rot = rot.to(device=x.device, dtype=torch.complex64)
+    if rot.requires_grad or torch.broadcast_shapes(rot.shape, z.shape) != z.shape:
+        z = z * rot
+    else:
+        z.mul_(rot)
+    return torch.view_as_real(z).flatten(-2).to(x.dtype)
 
 
 @functools.lru_cache(maxsize=16)
@@ -467,8 +516,9 @@ def _cached_tables(
     Production code keeps such a table (a "cos/sin cache") instead of recomputing
     ``seq * d/2`` cosines and sines for every layer and every step.
     """
-    cos, sin = _cos_sin(seq, head_dim, base, None, torch.device(device), adt)
-    return cos, sin, torch.complex(cos, sin)
+    with torch.inference_mode(False), torch.no_grad():  # a table built under inference_mode must serve training later
+        cos, sin = _cos_sin(seq, head_dim, base, None, torch.device(device), adt)
+        return cos, sin, torch.complex(cos, sin)
 
 
 def _complex_viewable(x: torch.Tensor) -> bool:
@@ -516,9 +566,14 @@ def apply_rope(
     each step): the cos/sin table for positions ``0 .. seq-1`` is memoised; for float32
     and float64 input in the interleaved layout the pairs are viewed (no copy) as complex
     numbers and multiplied by :math:`e^{im\theta_i}` in a single vectorised pass, which
-    computes exactly ``(a cos - b sin, b cos + a sin)``; otherwise the two halves of each
-    pair are combined into one preallocated output with ``torch.mul(..., out=)`` and
-    ``addcmul_`` (no ``cat``, ``stack`` or rotated copy of ``x``).
+    computes exactly ``(a cos - b sin, b cos + a sin)``. Interleaved float16/bfloat16
+    input is rotated the way Meta's Llama does it: one upcast copy to float32, the same
+    complex multiply (in place on that copy), one rounding back (about 4-5x the time of
+    ``x.clone()`` on a 2-core CPU, ``benchmarks/rope_bench.py``). The half layout
+    multiplies by ``(cos, cos)`` and adds each half's ``sin`` term with ``addcmul_`` on
+    that fresh output, in ``x.dtype``. Every path is out of place with respect to ``x``
+    and supports autograd (a float32/float64 tensor that cannot be viewed as complex uses
+    ``torch.mul(..., out=)`` only when no gradient is needed).
 
     Args:
         x: ``(..., seq, head_dim)``, e.g. ``(batch, heads, seq, head_dim)``.
@@ -562,7 +617,7 @@ def apply_rope(
         base = ntk_scaled_base(base, _check_scale(ntk_scale, "ntk_scale"), d)  # NTK-aware: base' = base * s^(d/(d-2))
     if frequencies is not None:  # given per-pair frequencies (e.g. Llama 3.1's rescaled ones): angles m * theta_i
         theta = _check_frequencies(frequencies, d).to(device=x.device, dtype=adt)
-        pos = _positions_tensor(positions, seq, x.device, adt)
+        pos = _positions_tensor(positions, seq, x.device, adt, x.shape)  # (batch, seq): per example, as below
         if scale != 1.0:
             pos = pos / _check_scale(scale, "scale")
         angle = pos[..., None] * theta
@@ -581,7 +636,7 @@ def apply_rope(
         if rot is None:
             rot = torch.complex(cos, sin)
         return _rotate_complex(x, rot)
-    return _rotate(x, cos, sin, layout)
+    return _rotate(x, cos, sin, layout, rot)
 
 
 def apply_rope_complex(
@@ -727,8 +782,9 @@ class RotaryEmbedding(torch.nn.Module):
         entry = self._cache.get(key)
         if entry is None or entry[0].shape[0] < n:
             size = max(n, self._initial, 2 * (entry[0].shape[0] if entry is not None else 0))
-            angle = rope_angles(size, self.head_dim, self.rotary_base, dtype=adt, device=device)
-            entry = (torch.cos(angle), torch.sin(angle))
+            with torch.inference_mode(False), torch.no_grad():  # usable by later training steps too
+                angle = rope_angles(size, self.head_dim, self.rotary_base, dtype=adt, device=device)
+                entry = (torch.cos(angle), torch.sin(angle))
             self._cache[key] = entry
         cos, sin = entry[0][:n], entry[1][:n]
         return cos.to(dtype), sin.to(dtype)
@@ -740,7 +796,8 @@ class RotaryEmbedding(torch.nn.Module):
         cos, sin = self._cache[key]
         rot = self._complex_cache.get(key)
         if rot is None or rot.shape[0] != cos.shape[0]:
-            rot = torch.complex(cos, sin)
+            with torch.inference_mode(False), torch.no_grad():
+                rot = torch.complex(cos, sin)
             self._complex_cache[key] = rot
         return rot[:n]
 
@@ -756,16 +813,19 @@ class RotaryEmbedding(torch.nn.Module):
         if positions is None:
             if self.layout == "interleaved" and _complex_viewable(x):  # float32/float64: one pass
                 return _rotate_complex(x, self._complex_table(seq, x.device, x.dtype))
-            cos, sin = self.cos_sin(seq, x.device, x.dtype)
-            return _rotate(x, cos, sin, self.layout)
+            adt = _angle_dtype(x.dtype)
+            cos, sin = self.cos_sin(seq, x.device, adt)
+            rot = self._complex_table(seq, x.device, adt) if x.dtype in _LOW_PRECISION else None
+            return _rotate(x, cos, sin, self.layout, rot)
         adt = _angle_dtype(x.dtype)
         pos = _positions_tensor(positions, seq, x.device, adt, x.shape)
-        is_int = bool((pos == pos.round()).all()) and bool((pos >= 0).all())
+        # Integer positions >= 0 are looked up in the table; others (and meta tensors, which hold no values) are computed.
+        is_int = pos.device.type != "meta" and bool((pos == pos.round()).all()) and bool((pos >= 0).all())
         if is_int:
             n = int(pos.max().item()) + 1 if pos.numel() else 0
             cos_t, sin_t = self.cos_sin(n, x.device, adt)
             idx = pos.long()
-            cos, sin = cos_t[idx].to(x.dtype), sin_t[idx].to(x.dtype)
+            cos, sin = cos_t[idx], sin_t[idx]
         else:
             cos, sin = _cos_sin(seq, self.head_dim, self.rotary_base, pos, x.device, adt)
         return _rotate(x, cos, sin, self.layout)

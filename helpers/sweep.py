@@ -38,6 +38,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 import numpy as np
 import torch
 
+from .stats import Censored, PairedComparison, k_of_n_interval, km_median, paired, time_to_threshold
 from .utils import seed_everything
 
 __all__ = ["SweepError", "SweepResult", "available_cores", "first_step_reaching", "sweep"]
@@ -188,23 +189,98 @@ class SweepResult:
         """How many seeds satisfy ``predicate(value)``."""
         return int(sum(bool(predicate(v)) for v in self.values(key)))
 
-    def k_of_n(self, key: str, predicate: Callable[[float], bool]) -> str:
-        """``"k of n seeds"`` for ``predicate``."""
-        return f"{self.count(key, predicate)} of {len(self)} seeds"
+    def k_of_n(self, key: str, predicate: Callable[[float], bool], *, ci: bool = False) -> str:
+        """``"k of n seeds"`` for ``predicate``.
 
-    def describe(self, key: str = "value", fmt: str = ".2f") -> str:
-        """``"mean ± sd (min .. max, n seeds)"``; infinite values are counted apart."""
+        With ``ci=True``: ``"k of n seeds (75%; 95% CI 35% to 97%, Clopper-Pearson)"``
+        (:func:`helpers.stats.k_of_n_interval`). A count over a threshold is a coarse
+        summary; when two arms share their seeds, :meth:`paired_with` is the headline.
+        """
+        k = self.count(key, predicate)
+        if not isinstance(ci, bool):
+            raise TypeError(f"ci must be a bool, got {type(ci).__name__}")
+        return k_of_n_interval(k, len(self)) if ci else f"{k} of {len(self)} seeds"
+
+    def describe(self, key: str = "value", fmt: str = ".2f", *, budget: Optional[float] = None) -> str:
+        """``"mean ± sd (min .. max, n seeds)"`` when every seed's value is finite.
+
+        An ``inf``, ``NaN`` or ``None`` value means "did not reach it within the run" (as
+        :func:`first_step_reaching` returns ``inf``, and the experiment scripts store
+        ``None``): that run is *censored*, and a mean and spread over the others would
+        silently leave the slowest runs out. Then the text is instead ``"6 of 8 seeds
+        reached it; Kaplan-Meier median 290 (fastest 125); censored, not reached within the
+        run: seeds 3, 7"`` -- the Kaplan-Meier median treats the censored runs as later than
+        every run that reached it (:func:`helpers.stats.km_median`). With ``budget`` the text
+        says "by step B" and a median above it reads "> B"; :meth:`time_to_threshold` gives
+        the full summary.
+
+        Raises:
+            ValueError: a value is ``-inf`` (not a time, and not "not reached").
+        """
         v = self.values(key)
-        finite = v[np.isfinite(v)]
-        n_inf = len(v) - len(finite)
-        if len(finite) == 0:
-            return f"none finite ({len(v)} seeds)"
-        sd = float(np.std(finite, ddof=1)) if len(finite) > 1 else 0.0
-        text = (f"{np.mean(finite):{fmt}} ± {sd:{fmt}} (min {finite.min():{fmt}}, max {finite.max():{fmt}}, "
-                f"{len(finite)} seeds)")
-        if n_inf:
-            text += f"; {n_inf} of {len(v)} seeds never reached it"
+        bad = [s for s, x in zip(self.seeds, v) if x == -math.inf]
+        if bad:
+            raise ValueError(f"describe({key!r}): seeds {bad} hold -inf; a value must be a number, or inf / NaN / "
+                             f"None for a run that did not reach a threshold")
+        if budget is not None:
+            return self._describe_censored(key, fmt, budget)
+        if np.all(np.isfinite(v)):
+            sd = float(np.std(v, ddof=1)) if len(v) > 1 else 0.0
+            return (f"{np.mean(v):{fmt}} ± {sd:{fmt}} (min {v.min():{fmt}}, max {v.max():{fmt}}, "
+                    f"{len(v)} seeds)")
+        return self._describe_censored(key, fmt, None)
+
+    def _describe_censored(self, key: str, fmt: str, budget: Optional[float]) -> str:
+        v = self.values(key)
+        hit = np.isfinite(v)
+        k, n = int(hit.sum()), len(v)
+        v = np.where(hit, v, math.inf)
+        by = "" if budget is None else f" by step {budget:g}"
+        cens = [s for s, h in zip(self.seeds, hit) if not h]
+        if budget is not None:
+            c = self.time_to_threshold(key, budget, fmt=fmt)
+            median = c.median_text if c.median is not None else f"> {budget:g}"
+            median = median.replace(" steps", "")
+        elif k:
+            big = float(v[hit].max()) + 1.0  # censored runs: later than every run that reached it
+            m = km_median(np.where(hit, v, big), hit)
+            median = f"{m:{fmt}}" if m is not None else "not reached (fewer than half reached it)"
+        if k == 0:
+            return f"0 of {n} seeds reached it{by} (all censored)"
+        text = f"{k} of {n} seeds reached it{by}; Kaplan-Meier median {median} (fastest {v[hit].min():{fmt}})"
+        if cens:
+            where = f" at {budget:g}" if budget is not None else ", not reached within the run"
+            text += f"; censored{where}: seed{'s' if len(cens) > 1 else ''} {', '.join(map(str, cens))}"
         return text
+
+    def time_to_threshold(self, key: str, budget: float, *, threshold: Optional[float] = None,
+                          unit: str = "steps", fmt: str = ".0f") -> Censored:
+        """:func:`helpers.stats.time_to_threshold` of the scalar result ``key`` (``inf``: not reached by ``budget``)."""
+        return time_to_threshold(self.values(key).tolist(), budget, seeds=self.seeds, threshold=threshold,
+                                 unit=unit, fmt=fmt)
+
+    def paired_with(self, other: "SweepResult", key: str, other_key: Optional[str] = None, *,
+                    name: Optional[str] = None, other_name: Optional[str] = None, **kwargs: Any) -> PairedComparison:
+        """:func:`helpers.stats.paired` of ``self[key] - other[other_key]``, matched seed by seed.
+
+        ``other`` may be ``self`` (two keys of one sweep, e.g. ``"GQA: acc"`` vs ``"MQA: acc"``).
+        Both must hold the same seeds (in any order); the result follows ``self.seeds``.
+        ``name`` / ``other_name`` default to the keys (or "this" / "other" when the keys are
+        equal); ``kwargs`` go to :func:`helpers.stats.paired` (``better``, ``fmt``, ...).
+        """
+        if not isinstance(other, SweepResult):
+            raise TypeError(f"other must be a SweepResult, got {type(other).__name__}")
+        other_key = key if other_key is None else other_key
+        if set(self.seeds) != set(other.seeds):
+            raise ValueError(f"other must hold the same seeds for a paired comparison: this sweep has "
+                             f"{sorted(self.seeds)}, other has {sorted(other.seeds)}")
+        mine = self.values(key)
+        theirs = other.by_seed(other_key)
+        if name is None:
+            name = key if other_key != key else "this"
+        if other_name is None:
+            other_name = other_key if other_key != key else "other"
+        return paired(mine, [theirs[s] for s in self.seeds], self.seeds, a_name=name, b_name=other_name, **kwargs)
 
     def table(self, keys: Optional[Sequence[str]] = None, fmt: str = ".3f") -> str:
         """One line per seed with the chosen scalar results."""

@@ -1,5 +1,5 @@
-"""Tests of helpers.check: the diagnosing engine, and the MHA exercise checker built on it
-(passes the solution, names each planted bug, reports exceptions without raising)."""
+"""Tests of the diagnosing engine (helpers.practice.engine) and the MHA exercise checker built on it
+(helpers.practice.mha): passes the solution, names each planted bug, reports exceptions without raising."""
 from __future__ import annotations
 
 import pytest
@@ -9,9 +9,9 @@ from torch import nn
 import math
 
 from helpers.attention import MultiHeadAttention
-from helpers.check import (
-    BUG_MESSAGES, PLANTED_BUGS, SCAFFOLD, CheckResult, MHACheck, NotesMHA, PlantedMistake, Reject, TestInput,
-    check_mha, diagnose, planted_bug_symptoms,
+from helpers.practice.engine import CheckResult, PlantedMistake, Reject, TestInput, diagnose
+from helpers.practice.mha import (
+    BUG_MESSAGES, PLANTED_BUGS, SCAFFOLD, MHACheck, NotesMHA, check_mha, planted_bug_symptoms,
 )
 
 
@@ -182,7 +182,7 @@ def test_the_returned_weights_are_checked(mode, diagnosis, text):
 def test_reference_equals_torch_multihead_attention_on_every_input():
     """The checker's reference (helpers.MultiHeadAttention) against nn.MultiheadAttention on the checker's own
     inputs: outputs, per-head weights (average_attn_weights=False) and their mean (the default, averaged)."""
-    from helpers.check import _mha_inputs, _mha_reference
+    from helpers.practice.mha import _mha_inputs, _mha_reference
 
     for t in _mha_inputs(16, 4, 2, 6, 0, bias=True):
         (x,) = t.args
@@ -206,7 +206,7 @@ def test_reference_equals_torch_multihead_attention_on_every_input():
 
 
 def test_inputs_cover_the_shapes_promised():
-    from helpers.check import _mha_inputs
+    from helpers.practice.mha import _mha_inputs
 
     shapes = [(x.query.shape, x.key.shape, None if x.mask is None else tuple(x.mask.shape))
               for (x,) in (t.args for t in _mha_inputs(16, 4, 2, 6, 0, bias=True))]

@@ -1,4 +1,4 @@
-"""Tests of the "write it from memory" checkers of notebooks 01-07 (helpers.check_* modules).
+"""Tests of the "write it from memory" checkers of notebooks 01-07 (helpers.practice.* modules).
 
 For every checker: the worked solution and the library references pass; every planted mistake
 (and every variant of one) is diagnosed by its name with its advice; a learner's exception
@@ -14,29 +14,28 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers.check import CheckResult, TestInput, diagnose
-from helpers.exercises import mistake_symptoms
-from helpers.check_rope import (
+from helpers.practice.engine import CheckResult, TestInput, diagnose, mistake_symptoms
+from helpers.practice.rope import (
     ROPE_ADVICE, ROPE_HALF_MISTAKES, ROPE_INTERLEAVED_MISTAKES, ROTATION_MATRIX_ADVICE, ROTATION_MATRIX_MISTAKES,
     _ROPE_VARIANTS, check_rope_half, check_rope_interleaved, check_rotation_matrix, rope_half_solution,
     rope_interleaved_solution, rotation_matrix_solution,
 )
-from helpers.check_attention import (
+from helpers.practice.attention import (
     SDPA_ADVICE, SDPA_MISTAKES, _SDPA_VARIANTS, _sdpa_inputs, _sdpa_reference, causal_sdpa_solution, check_causal_sdpa,
 )
-from helpers.check_regularization import (
+from helpers.practice.regularization import (
     DROPOUT_ADVICE, DROPOUT_MISTAKES, LABEL_SMOOTHING_ADVICE, LABEL_SMOOTHING_MISTAKES, LABEL_SMOOTHING_SOLUTIONS,
     _DROPOUT_VARIANTS, _ls_inputs, check_dropout, check_label_smoothing, dropout_solution,
 )
-from helpers.check_heads import (
+from helpers.practice.heads import (
     HEAD_IMPORTANCE_ADVICE, HEAD_IMPORTANCE_MISTAKES, _HEAD_IMPORTANCE_VARIANTS, check_head_importance,
     head_importance_solution,
 )
-from helpers.check_positional import (
+from helpers.practice.positional import (
     ALIBI_SLOPES_ADVICE, ALIBI_SLOPES_MISTAKES, SINUSOIDAL_ADVICE, SINUSOIDAL_MISTAKES, alibi_slopes_solution,
     check_alibi_slopes, check_sinusoidal, sinusoidal_solution,
 )
-from helpers.check_kvcache import (
+from helpers.practice.kvcache import (
     KV_DECODE_ADVICE, KV_DECODE_MISTAKES, _kv_inputs, _kv_reference, check_kv_decode_step, kv_decode_step_solution,
     kv_step_inputs,
 )

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers.stats import Censored, PairedComparison, paired
 from helpers.sweep import SweepError, SweepResult, first_step_reaching, sweep
 
 
@@ -87,7 +88,9 @@ def test_summaries():
     assert res.k_of_n("acc", lambda a: a > 0.8) == "2 of 4 seeds"
     assert res.by_seed("acc") == {0: 0.4, 1: 1.0, 2: 0.9, 3: 0.7}
     assert res.describe("acc") == "0.75 ± 0.26 (min 0.40, max 1.00, 4 seeds)"
-    assert res.describe("step", ".0f").endswith("; 1 of 4 seeds never reached it")
+    # a run that did not reach it (inf) is censored: no mean over the others, the Kaplan-Meier median instead
+    assert res.describe("step", ".0f") == ("3 of 4 seeds reached it; Kaplan-Meier median 150 (fastest 100); "
+                                           "censored, not reached within the run: seed 2")
     assert res.table(["acc"]).splitlines()[1].split() == ["0", "0.400"]
     with pytest.raises(KeyError, match="missing"):
         res.values("loss")
@@ -124,3 +127,132 @@ def test_sweep_figures_draw_every_seed():
     with pytest.raises(ValueError, match="at least one arm"):
         plot_sweep_points(a1, {}, ylabel="y")
     plt.close(fig)
+
+
+def _steps_sweep(steps):
+    return SweepResult(seeds=tuple(range(len(steps))), runs=[{"steps": s} for s in steps])
+
+
+def test_describe_uncensored_output_is_unchanged():
+    # the notebooks compare printed output digit for digit: the finite case must not move
+    res = _steps_sweep([125.0, 450.0, 200.0, 210.0])
+    assert res.describe("steps", ".0f") == "246 ± 141 (min 125, max 450, 4 seeds)"
+    assert SweepResult(seeds=(5,), runs=[{"value": 2.0}]).describe() == "2.00 ± 0.00 (min 2.00, max 2.00, 1 seeds)"
+
+
+def test_describe_reports_censored_runs_and_never_their_mean():
+    res = _steps_sweep([290, math.inf, 125, 450, 300, 200, 240, math.inf])
+    text = res.describe("steps", ".0f")
+    # KM median with 2 censored after every event: S drops by 1/8 at 125, 200, 240, 290 -> 1/2 at 290
+    assert text == ("6 of 8 seeds reached it; Kaplan-Meier median 290 (fastest 125); "
+                    "censored, not reached within the run: seeds 1, 7")
+    assert "±" not in text
+    assert res.describe("steps", ".0f", budget=500) == (
+        "6 of 8 seeds reached it by step 500; Kaplan-Meier median 290 (fastest 125); censored at 500: seeds 1, 7")
+    few = _steps_sweep([100, math.inf, math.inf, math.inf])
+    assert few.describe("steps", ".0f") == ("1 of 4 seeds reached it; Kaplan-Meier median not reached (fewer "
+                                            "than half reached it) (fastest 100); censored, not reached within "
+                                            "the run: seeds 1, 2, 3")
+    assert "Kaplan-Meier median > 500 (fastest 100)" in few.describe("steps", ".0f", budget=500)
+    none = _steps_sweep([math.inf] * 8)
+    assert none.describe("steps", ".0f") == "0 of 8 seeds reached it (all censored)"
+    assert none.describe("steps", ".0f", budget=400) == "0 of 8 seeds reached it by step 400 (all censored)"
+
+
+@pytest.mark.parametrize("missing", [math.nan, None, math.inf])
+def test_describe_counts_none_nan_and_inf_as_not_reached(missing):
+    # the experiment scripts store a run that never reached the threshold as None (06) or "inf" (05)
+    res = _steps_sweep([40.0, 60.0, missing, 50.0])
+    assert res.describe("steps", ".0f") == ("3 of 4 seeds reached it; Kaplan-Meier median 50 (fastest 40); "
+                                            "censored, not reached within the run: seed 2")
+
+
+def test_describe_refuses_minus_inf():
+    with pytest.raises(ValueError, match=r"describe\('steps'\): seeds \[1\] hold -inf; a value must be a number, "
+                                         r"or inf / NaN / None"):
+        _steps_sweep([1.0, -math.inf, 3.0]).describe("steps")
+
+
+def test_describe_with_a_budget_checks_the_steps():
+    with pytest.raises(ValueError, match=r"values must be <= budget \(300\) .* got \[\(1, 450\.0\)\]"):
+        _steps_sweep([290, 450]).describe("steps", ".0f", budget=300)
+
+
+def test_k_of_n_with_an_interval():
+    res = _steps_sweep([100, 200, 300, math.inf])
+    assert res.k_of_n("steps", math.isfinite) == "3 of 4 seeds"
+    assert res.k_of_n("steps", math.isfinite, ci=True) == "3 of 4 seeds (75%; 95% CI 19% to 99%, Clopper-Pearson)"
+    with pytest.raises(TypeError, match="ci must be a bool, got str"):
+        res.k_of_n("steps", math.isfinite, ci="yes")
+
+
+def test_time_to_threshold_method():
+    res = SweepResult(seeds=(3, 7, 9), runs=[{"s": 50.0}, {"s": math.inf}, {"s": 80.0}])
+    c = res.time_to_threshold("s", 100, threshold=0.95)
+    assert isinstance(c, Censored) and c.censored_seeds == (7,) and c.median == 80.0
+    assert c.line() == ("2 of 3 seeds reached 0.95 by step 100 (95% CI 9% to 99%); Kaplan-Meier median 80 "
+                        "steps (censored: seed 7)")
+
+
+def test_paired_with_matches_seeds_not_positions():
+    a = SweepResult(seeds=(0, 1, 2, 3), runs=[{"acc": v} for v in [0.9, 0.8, 1.0, 0.7]])
+    b = SweepResult(seeds=(3, 2, 1, 0), runs=[{"acc": v} for v in [0.6, 0.5, 0.7, 0.4]])
+    c = a.paired_with(b, "acc", name="dropout", other_name="none")
+    assert isinstance(c, PairedComparison)
+    np.testing.assert_allclose(c.diffs, [0.5, 0.1, 0.5, 0.1])            # seed 0: 0.9 - 0.4, ...
+    assert c.line() == paired([0.9, 0.8, 1.0, 0.7], [0.4, 0.7, 0.5, 0.6], (0, 1, 2, 3), a_name="dropout",
+                              b_name="none").line()
+    both = SweepResult(seeds=(0, 1), runs=[{"GQA": 1.0, "MQA": 0.5}, {"GQA": 0.9, "MQA": 0.7}])
+    assert both.paired_with(both, "GQA", "MQA").label == "GQA - MQA"
+    assert a.paired_with(b, "acc").label == "this - other"
+    with pytest.raises(ValueError, match=r"other must hold the same seeds .* this sweep has \[0, 1, 2, 3\], "
+                                         r"other has \[0, 1\]"):
+        a.paired_with(both, "acc")
+    with pytest.raises(TypeError, match="other must be a SweepResult, got dict"):
+        a.paired_with({}, "acc")
+
+
+def test_paired_and_censored_figures():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from helpers.viz.sweep import plot_paired, plot_time_to_threshold
+
+    c = paired([0.9, 0.8, 1.0, 0.7, 0.6], [0.6, 0.5, 0.7, 0.8, 0.6], [10, 11, 12, 13, 14], a_name="dropout",
+               b_name="none")
+    fig, (a1, a2) = plt.subplots(2, 1)
+    plot_paired(c, a1, unit="accuracy")
+    dots = [col for col in a1.collections if len(col.get_offsets()) == 5]
+    assert len(dots) == 1
+    np.testing.assert_allclose(dots[0].get_offsets()[:, 1], c.diffs)        # one dot per seed at its difference
+    assert [t.get_text() for t in a1.texts] == [f"seed {s}" for s in c.seeds]
+    assert any(list(line.get_ydata()) == [0.0, 0.0] for line in a1.lines)     # the zero line
+    assert a1.get_ylabel().startswith("dropout - none (accuracy)") and a1.get_xlabel() == "seed"
+    assert a1.get_title() and a1.get_legend() is not None
+
+    arms = {"1 head": time_to_threshold_for([100, math.inf, 300, math.inf, math.inf], 500),
+            "4 heads": time_to_threshold_for([90, 120, 140, 200], 500)}
+    plot_time_to_threshold(arms, a2)
+    tri = [col for col in a2.collections if col.get_label().startswith("censored")]
+    assert len(tri) == 1
+    np.testing.assert_allclose(tri[0].get_offsets()[:, 0], [500, 500, 500])  # censored drawn at the budget
+    assert np.all(tri[0].get_facecolors()[:, 3] == 0)                          # open markers
+    assert "step" in a2.get_xlabel() and a2.get_title() and a2.get_legend() is not None
+    labels = [t.get_text() for t in a2.get_yticklabels()]
+    assert labels[0].endswith("2 of 5; median > 500 steps") and labels[1].endswith("4 of 4; median 120 steps")
+    with pytest.raises(TypeError, match="comparison must be a PairedComparison .* got dict"):
+        plot_paired({}, a1)
+    with pytest.raises(ValueError, match="arms must be a non-empty mapping"):
+        plot_time_to_threshold({}, a2)
+    with pytest.raises(TypeError, match=r"arms\['x'\] must be a Censored .* got list"):
+        plot_time_to_threshold({"x": [1, 2]}, a2)
+    with pytest.raises(TypeError, match="ax must be a matplotlib Axes or None, got str"):
+        plot_paired(c, "ax")
+    plt.close(fig)
+    ax = plot_paired(c)                                                        # makes its own figure
+    plt.close(ax.figure)
+
+
+def time_to_threshold_for(values, budget):
+    from helpers.stats import time_to_threshold
+    return time_to_threshold(values, budget)

@@ -19,7 +19,7 @@ from torch import nn
 
 import helpers
 from helpers import MultiHeadAttention, TinyTransformer, causal_mask
-from helpers.check import SCAFFOLD
+from helpers.practice.mha import SCAFFOLD
 from helpers.viz.attention import (attention_explorer, attention_explorer_state, attention_grid, plot_split_merge,
                                    stack_attention)
 

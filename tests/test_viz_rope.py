@@ -74,10 +74,19 @@ def test_plot_scores_vs_bound_draws_every_curve_and_checks_shapes():
     fig = plot_scores_vs_bound(dec["distance"], dec["bound"], dec["ones_score"], dec["ones_score"], zeros, zeros + 1, head_dim=16)
     ax = fig.axes[0]
     bound_line = [ln for ln in ax.get_lines() if ln.get_label().startswith("relative bound")][0]
-    assert bound_line.get_ydata()[0] == pytest.approx(16.0)  # scaled to d at distance 0
+    ones_line = [ln for ln in ax.get_lines() if ln.get_label().startswith("score")][0]
+    # every curve divided by its own value at distance 0: no "bound" drawn on the score axis
+    assert bound_line.get_ydata() == pytest.approx(dec["bound"] / dec["bound"][0])
+    assert ones_line.get_ydata() == pytest.approx(dec["ones_score"] / 16.0)
+    assert bound_line.get_ydata()[0] == pytest.approx(1.0) and ones_line.get_ydata()[0] == pytest.approx(1.0)
+    assert ax.get_ylabel().startswith("normalised")
     assert ax.get_xscale() == "symlog" and len(ax.collections) == 1  # the independent band
+    band = ax.collections[0].get_paths()[0].vertices[:, 1]
+    assert band.max() == pytest.approx(1.0) and band.min() == pytest.approx(-1.0)  # (0 +- 1) / std at 0 = +-1
     with pytest.raises(ValueError, match=r"independent_std must have the shape of distance \(41,\), got \(3,\)"):
         plot_scores_vs_bound(dec["distance"], dec["bound"], dec["ones_score"], dec["ones_score"], zeros, np.ones(3), head_dim=16)
+    with pytest.raises(ValueError, match=r"independent_std\[0\] \(the value at distance 0\) must be finite and non-zero"):
+        plot_scores_vs_bound(dec["distance"], dec["bound"], dec["ones_score"], dec["ones_score"], zeros, zeros, head_dim=16)
     plt.close("all")
 
 

@@ -1,7 +1,7 @@
 """Figures and the explorer of notebook 01 (RoPE from the rotation matrix).
 
 * :func:`long_term_decay` -- RoFormer's relative upper bound and the all-ones score against distance.
-* :func:`plot_scores_vs_bound` -- real scores (all-ones, correlated, independent) on top of the bound.
+* :func:`plot_scores_vs_bound` -- scores (all-ones, correlated, independent) and the bound, each normalised at distance 0.
 * :func:`plot_clock_dials` -- the "clock dials": :math:`\\cos m\\theta_i` over positions and pairs.
 * :func:`rope_explorer_state`, :func:`rope_explorer` -- the slider explorer.
 """
@@ -50,13 +50,23 @@ def plot_scores_vs_bound(
     head_dim: int,
     title: str = "",
 ):
-    """What decays and what does not: scores :math:`\\mathbf q^\\top R_r \\mathbf k` against the distance ``r``.
+    """What decays and what does not, against the distance ``r``: every curve divided by its
+    own value at ``r = 0``, on one axis labelled "normalised".
 
-    The relative bound (from :func:`long_term_decay`) is scaled to start at ``head_dim``, the
-    all-ones score's value at distance 0, so that all curves share one axis. Drawn: the
-    all-ones score, the mean score of correlated pairs (``k = q + noise``), and the mean
-    :math:`\\pm` one standard deviation of independent pairs (a band). All arrays have the
-    shape of ``distance``. The x axis is linear up to 10, logarithmic beyond.
+    The curves have very different sizes (for :math:`q = k = \mathbf 1` the true upper bound
+    :math:`\max_j|h_{j+1}-h_j| \sum_j |C_j|` is :math:`2 \cdot (d/2) \cdot (d/2+1)/2`, about
+    :math:`d/2` times the score), so drawing the relative bound on the score axis would put a
+    "bound" below the scores it bounds. Normalised, the figure compares shapes only:
+
+    * RoFormer's relative bound (from :func:`long_term_decay`) divided by ``bound[0]``;
+    * the all-ones score divided by ``ones_score[0]`` (= ``head_dim``);
+    * the mean score of correlated pairs (``k = q + noise``) divided by ``correlated_mean[0]``;
+    * independent pairs: the band mean :math:`\pm` one standard deviation, divided by
+      ``independent_std[0]`` (their mean is about 0 at ``r = 0``, so it cannot be the unit).
+
+    All arrays have the shape of ``distance``; ``bound[0]``, ``ones_score[0]``,
+    ``correlated_mean[0]`` and ``independent_std[0]`` must be non-zero. The x axis is linear
+    up to 10, logarithmic beyond. ``head_dim`` only labels the figure.
     Returns the pyplot figure (call ``plt.show()``).
     """
     import matplotlib.pyplot as plt
@@ -66,20 +76,28 @@ def plot_scores_vs_bound(
     for name, arr in arrays.items():
         if np.shape(arr) != np.shape(distance):
             raise ValueError(f"{name} must have the shape of distance {np.shape(distance)}, got {np.shape(arr)}")
-    fig, ax = plt.subplots(figsize=(6.6, 3.8))
-    ax.fill_between(distance, independent_mean - independent_std, independent_mean + independent_std,
-                    color="C1", alpha=0.25, lw=0, label="independent q, k: mean ± 1 std")
-    ax.plot(distance, independent_mean, color="C1", lw=1)
-    ax.plot(distance, ones_score, color="C0", lw=1, label=r"$q = k = \mathbf{1}$")
-    ax.plot(distance, correlated_mean, color="C2", lw=1.5, ls="--", label="k = q + noise: mean over draws")
-    ax.plot(distance, np.asarray(bound) * head_dim / bound[0], color="0.2", lw=2, label=f"relative bound, scaled to {head_dim} at 0")
+    for name in ("bound", "ones_score", "correlated_mean", "independent_std"):
+        if not np.isfinite(arrays[name][0]) or arrays[name][0] == 0:
+            raise ValueError(f"{name}[0] (the value at distance 0) must be finite and non-zero to normalise by it, "
+                             f"got {arrays[name][0]}")
+    unit_ind = independent_std[0]
+    fig, ax = plt.subplots(figsize=(6.6, 4.3))
+    ax.fill_between(distance, (independent_mean - independent_std) / unit_ind,
+                    (independent_mean + independent_std) / unit_ind,
+                    color="C1", alpha=0.18, lw=0, label="independent q, k: mean ± 1 std, ÷ std at r = 0")
+    ax.plot(distance, independent_mean / unit_ind, color="C1", lw=1)
+    ax.plot(distance, ones_score / ones_score[0], color="C0", lw=2.5, alpha=0.6, label=r"score, $q = k = \mathbf{1}$, ÷ its value at 0")
+    ax.plot(distance, correlated_mean / correlated_mean[0], color="C2", lw=1.5, ls="--",
+            label="k = q + noise: mean score, ÷ its value at 0")
+    ax.plot(distance, np.asarray(bound) / bound[0], color="0.2", lw=2,
+            label=r"relative bound $\frac{1}{d/2}\sum_j |C_j|$, ÷ its value at 0")
     ax.axhline(0, color="0.6", lw=0.8)
     ax.set_xscale("symlog", linthresh=10)
     ax.set_xlim(0, float(np.max(distance)))
     ax.set_xlabel("relative distance r = |m - n| (positions; linear to 10, log beyond)")
-    ax.set_ylabel(r"score $q^\top R_r k$")
-    ax.set_title(title or f"what decays with distance (d = {head_dim})", fontsize=10)
-    ax.legend(fontsize=7, loc="upper right")
+    ax.set_ylabel("normalised (÷ value at r = 0)")
+    ax.set_title(title or f"what decays with distance, normalised (d = {head_dim})", fontsize=9)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=2, frameon=False)
     fig.tight_layout()
     return fig
 
@@ -124,7 +142,7 @@ def plot_clock_dials(
     ax.invert_yaxis()
     ax.set_xlabel("pair index i (fast → slow)")
     ax.set_ylabel("position m (log scale)")
-    ax.set_title(f"clock dials cos(m·θ_i), d = {head_dim}, base = {base:g}", fontsize=10)
+    ax.set_title(rf"clock dials $\cos m\theta_i$, d = {head_dim}, base = {base:g}", fontsize=10)
     ax.legend(loc="lower left", fontsize=7)
     fig.tight_layout()
     return fig

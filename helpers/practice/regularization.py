@@ -30,9 +30,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .check import CheckResult, TestInput
-from .exercises import as_tensor_result, clone_args, run_check
-from .regularization import CONVENTIONS, dropout, label_smoothing_cross_entropy
+from ..regularization import CONVENTIONS, dropout, label_smoothing_cross_entropy
+from .engine import CheckResult, TestInput, as_tensor_result, clone_args, run_check
 
 __all__ = [
     "check_dropout", "dropout_solution", "DROPOUT_MISTAKES", "DROPOUT_ADVICE",
@@ -185,7 +184,7 @@ def check_dropout(fn: Callable, seed: int = 0) -> CheckResult:
     mistakes: :data:`DROPOUT_MISTAKES`.
 
     Returns:
-        :class:`~helpers.check.CheckResult`; ``print`` it. Never raises on the learner's errors.
+        :class:`~helpers.practice.engine.CheckResult`; ``print`` it. Never raises on the learner's errors.
     """
     return run_check(
         fn, _dropout_call, _dropout_reference, DROPOUT_MISTAKES, DROPOUT_ADVICE, _dropout_inputs(seed),
@@ -357,7 +356,7 @@ def check_label_smoothing(fn: Callable, convention: str = "uniform", seed: int =
     ``LABEL_SMOOTHING_MISTAKES[convention]``.
 
     Returns:
-        :class:`~helpers.check.CheckResult`; ``print`` it. Never raises on the learner's errors.
+        :class:`~helpers.practice.engine.CheckResult`; ``print`` it. Never raises on the learner's errors.
 
     Raises:
         ValueError: if ``convention`` is not ``"uniform"`` or ``"others"``.

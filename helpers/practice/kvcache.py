@@ -27,11 +27,10 @@ from typing import Callable
 
 import torch
 
-from .attention import scaled_dot_product_attention
-from .check import CheckResult, Reject, TestInput
-from .exercises import as_tensor_result, clone_args, run_check
-from .kvcache import KVCache
-from .rope import apply_rope
+from ..attention import scaled_dot_product_attention
+from ..kvcache import KVCache
+from ..rope import apply_rope
+from .engine import CheckResult, Reject, TestInput, as_tensor_result, clone_args, run_check
 
 __all__ = ["check_kv_decode_step", "kv_decode_step_solution", "KV_DECODE_MISTAKES", "KV_DECODE_ADVICE"]
 
@@ -203,7 +202,7 @@ def check_kv_decode_step(fn: Callable, seed: int = 0) -> CheckResult:
     batch 1 and 2, 1 to 3 heads, ``d`` = 4 to 16. Planted mistakes: :data:`KV_DECODE_MISTAKES`.
 
     Returns:
-        :class:`~helpers.check.CheckResult`; ``print`` it. Never raises on the learner's errors.
+        :class:`~helpers.practice.engine.CheckResult`; ``print`` it. Never raises on the learner's errors.
     """
     return run_check(
         fn, _kv_call, _kv_reference, KV_DECODE_MISTAKES, KV_DECODE_ADVICE, _kv_inputs(seed),

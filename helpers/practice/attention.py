@@ -5,7 +5,7 @@ r"""Diagnosing checker for the causal scaled dot-product attention exercise (not
 when ``causal``), which the tests pin to ``torch.nn.functional.scaled_dot_product_attention``
 (``is_causal=True``), and names the mistake among :data:`SDPA_MISTAKES` when they differ.
 Its worked solution is :func:`causal_sdpa_solution`. The complement of
-:func:`helpers.check.check_mha` (which checks the whole module): here only the core,
+:func:`helpers.practice.mha.check_mha` (which checks the whole module): here only the core,
 :math:`\operatorname{softmax}(QK^\top/\sqrt{d_k} + M)V`.
 
 Inputs are per head, ``(batch, heads, seq, d_k)``: the "scale by d_model" mistake divides by
@@ -13,7 +13,7 @@ Inputs are per head, ``(batch, heads, seq, d_k)``: the "scale by d_model" mistak
 only the non-causal path is tested, since which queries a rectangular causal mask aligns to is
 a convention (``F.scaled_dot_product_attention(is_causal=True)`` aligns it top-left,
 ``tril`` of an ``(Lq, Lk)`` matrix; a KV-cache step needs it bottom-right, see
-:func:`helpers.check_kvcache.check_kv_decode_step`).
+:func:`helpers.practice.kvcache.check_kv_decode_step`).
 
 Paper: Vaswani et al. (2017), sec. 3.2.1 and 3.2.3.
 """
@@ -24,9 +24,8 @@ from typing import Callable
 
 import torch
 
-from .attention import causal_mask, scaled_dot_product_attention
-from .check import CheckResult, Reject, TestInput
-from .exercises import as_tensor_result, clone_args, run_check
+from ..attention import causal_mask, scaled_dot_product_attention
+from .engine import CheckResult, Reject, TestInput, as_tensor_result, clone_args, run_check
 
 __all__ = ["check_causal_sdpa", "causal_sdpa_solution", "SDPA_MISTAKES", "SDPA_ADVICE"]
 
@@ -186,7 +185,7 @@ def check_causal_sdpa(fn: Callable, seed: int = 0) -> CheckResult:
     finite fill such as ``-1e9``).
 
     Returns:
-        :class:`~helpers.check.CheckResult`; ``print`` it. Never raises on the learner's errors.
+        :class:`~helpers.practice.engine.CheckResult`; ``print`` it. Never raises on the learner's errors.
     """
     return run_check(
         fn, _sdpa_call, _sdpa_reference, SDPA_MISTAKES, SDPA_ADVICE, _sdpa_inputs(seed), variants=_SDPA_VARIANTS,

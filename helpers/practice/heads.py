@@ -23,11 +23,10 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .check import CheckResult, TestInput
-from .exercises import as_tensor_result, clone_args, run_check
-from .heads import head_importance
-from .model import TinyTransformer
-from .tasks import IGNORE_INDEX
+from ..heads import head_importance
+from ..model import TinyTransformer
+from ..tasks import IGNORE_INDEX
+from .engine import CheckResult, TestInput, as_tensor_result, clone_args, run_check
 
 __all__ = ["check_head_importance", "head_importance_solution", "HEAD_IMPORTANCE_MISTAKES", "HEAD_IMPORTANCE_ADVICE"]
 
@@ -192,7 +191,7 @@ def check_head_importance(fn: Callable, seed: int = 0) -> CheckResult:
     target (it does not count). Planted mistakes: :data:`HEAD_IMPORTANCE_MISTAKES`.
 
     Returns:
-        :class:`~helpers.check.CheckResult`; ``print`` it. Never raises on the learner's errors.
+        :class:`~helpers.practice.engine.CheckResult`; ``print`` it. Never raises on the learner's errors.
     """
     return run_check(
         fn, _hi_call, _hi_reference, HEAD_IMPORTANCE_MISTAKES, HEAD_IMPORTANCE_ADVICE, _hi_inputs(seed),

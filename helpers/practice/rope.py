@@ -12,9 +12,9 @@ Each ships its worked solution (``rotation_matrix_solution``, ``rope_interleaved
 ``rope_half_solution``: written as a learner would, they PASS) and its planted mistakes
 (``ROTATION_MATRIX_MISTAKES``, ``ROPE_INTERLEAVED_MISTAKES``, ``ROPE_HALF_MISTAKES``:
 ``{name: function}``; the advice printed for each is in ``ROTATION_MATRIX_ADVICE`` and
-``ROPE_ADVICE``). All run on :func:`helpers.check.diagnose`: PASS, the planted mistake the
-learner's results reproduce on every input, or the first input where they differ and by
-how much; an exception in the learner's code is reported, never raised.
+``ROPE_ADVICE``). All run on :func:`helpers.practice.engine.diagnose`: PASS, the planted
+mistake the learner's results reproduce on every input, or the first input where they differ
+and by how much; an exception in the learner's code is reported, never raised.
 
 Paper: Su et al., "RoFormer: Enhanced Transformer with Rotary Position Embedding" (2021).
 """
@@ -25,9 +25,8 @@ from typing import Callable, Optional
 
 import torch
 
-from .check import CheckResult, TestInput
-from .exercises import as_tensor_result, clone_args, run_check
-from .rope import apply_rope, rotation_matrix
+from ..rope import apply_rope, rotation_matrix
+from .engine import CheckResult, TestInput, as_tensor_result, clone_args, run_check
 
 __all__ = [
     "check_rotation_matrix", "rotation_matrix_solution", "ROTATION_MATRIX_MISTAKES", "ROTATION_MATRIX_ADVICE",
@@ -140,7 +139,7 @@ def check_rotation_matrix(fn: Callable) -> CheckResult:
     :data:`ROTATION_MATRIX_MISTAKES`.
 
     Returns:
-        :class:`~helpers.check.CheckResult`; ``print`` it. Never raises on the learner's errors.
+        :class:`~helpers.practice.engine.CheckResult`; ``print`` it. Never raises on the learner's errors.
 
     Raises:
         TypeError: if ``fn`` is not a function.
@@ -357,7 +356,7 @@ def check_rope_interleaved(fn: Callable, seed: int = 0) -> CheckResult:
     Planted mistakes: :data:`ROPE_INTERLEAVED_MISTAKES`.
 
     Returns:
-        :class:`~helpers.check.CheckResult`; ``print`` it. Never raises on the learner's errors.
+        :class:`~helpers.practice.engine.CheckResult`; ``print`` it. Never raises on the learner's errors.
     """
     return _check_rope(fn, "interleaved", ROPE_INTERLEAVED_MISTAKES, seed)
 

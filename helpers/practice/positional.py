@@ -20,9 +20,8 @@ from typing import Callable
 
 import torch
 
-from .check import CheckResult, TestInput
-from .exercises import as_tensor_result, run_check
-from .model import alibi_slopes, sinusoidal_encoding
+from ..model import alibi_slopes, sinusoidal_encoding
+from .engine import CheckResult, TestInput, as_tensor_result, run_check
 
 __all__ = [
     "check_sinusoidal", "sinusoidal_solution", "SINUSOIDAL_MISTAKES", "SINUSOIDAL_ADVICE",
@@ -109,7 +108,7 @@ def check_sinusoidal(fn: Callable) -> CheckResult:
     (5, 8), (1, 2), (9, 6), (64, 16). Planted mistakes: :data:`SINUSOIDAL_MISTAKES`.
 
     Returns:
-        :class:`~helpers.check.CheckResult`; ``print`` it. Never raises on the learner's errors.
+        :class:`~helpers.practice.engine.CheckResult`; ``print`` it. Never raises on the learner's errors.
     """
     inputs = [TestInput(f"at n={n}, d_model={d}", (n, d), f"sinusoidal({n}, {d})")
               for n, d in [(5, 8), (1, 2), (9, 6), (64, 16)]]
@@ -206,7 +205,7 @@ def check_alibi_slopes(fn: Callable) -> CheckResult:
     :data:`ALIBI_SLOPES_MISTAKES`.
 
     Returns:
-        :class:`~helpers.check.CheckResult`; ``print`` it. Never raises on the learner's errors.
+        :class:`~helpers.practice.engine.CheckResult`; ``print`` it. Never raises on the learner's errors.
     """
     inputs = [TestInput(f"at num_heads={n}", (n,), f"slopes({n})") for n in (8, 2, 6, 12, 5)]
     return run_check(

@@ -1,0 +1,57 @@
+"""helpers.practice: the "write it from memory" exercises of the series and their diagnosing checkers.
+
+Each checker runs the learner's code against the ``helpers`` reference on several inputs and
+prints PASS, the classic mistake the learner's results reproduce (with its fix), or the first
+input where they differ and by how much. Each topic module ships, for each exercise, a checker,
+a worked solution (written as a learner would; it PASSes) and a dict of planted mistakes.
+
+Modules, and the notebook each checker belongs to
+-------------------------------------------------
+* :mod:`helpers.practice.engine` -- ``diagnose``, the engine every checker runs on
+  (``TestInput``, ``PlantedMistake``, ``CheckResult``, ``Reject``), the plumbing of the
+  function checkers (``run_check``), and ``mistake_symptoms``, which tabulates what a checker
+  reports for each of its planted mistakes.
+* :mod:`helpers.practice.rope` -- ``check_rotation_matrix`` (notebook 01);
+  ``check_rope_interleaved``, ``check_rope_half`` (notebook 02).
+* :mod:`helpers.practice.mha` -- ``check_mha``: the multi-head attention class of notebook 03,
+  section 8 (``SCAFFOLD``, the solution ``NotesMHA``, ``PLANTED_BUGS`` and ``BUG_MESSAGES``,
+  ``planted_bug_symptoms``).
+* :mod:`helpers.practice.attention` -- ``check_causal_sdpa``: causal scaled dot-product
+  attention (notebook 03).
+* :mod:`helpers.practice.regularization` -- ``check_dropout``, ``check_label_smoothing`` (notebook 04).
+* :mod:`helpers.practice.heads` -- ``check_head_importance`` (notebook 05).
+* :mod:`helpers.practice.positional` -- ``check_sinusoidal``, ``check_alibi_slopes`` (notebook 06).
+* :mod:`helpers.practice.kvcache` -- ``check_kv_decode_step``: a KV-cache decoding step with
+  RoPE (notebook 07).
+
+Everything listed in each module's ``__all__`` is re-exported here; the checkers, solutions and
+mistake dicts are also exported by :mod:`helpers` itself (``from helpers import check_mha``).
+"""
+from .engine import (
+    CheckResult, PlantedMistake, Reject, TestInput, as_tensor_result, clone_args, diagnose, labelled,
+    mistake_symptoms, run_check,
+)
+from .rope import (
+    ROPE_ADVICE, ROPE_HALF_MISTAKES, ROPE_INTERLEAVED_MISTAKES, ROTATION_MATRIX_ADVICE, ROTATION_MATRIX_MISTAKES,
+    check_rope_half, check_rope_interleaved, check_rotation_matrix, rope_half_solution, rope_interleaved_solution,
+    rotation_matrix_solution,
+)
+from .mha import BUG_MESSAGES, PLANTED_BUGS, SCAFFOLD, MHACheck, NotesMHA, check_mha, planted_bug_symptoms
+from .attention import SDPA_ADVICE, SDPA_MISTAKES, causal_sdpa_solution, check_causal_sdpa
+from .regularization import (
+    DROPOUT_ADVICE, DROPOUT_MISTAKES, LABEL_SMOOTHING_ADVICE, LABEL_SMOOTHING_MISTAKES, LABEL_SMOOTHING_SOLUTIONS,
+    check_dropout, check_label_smoothing, dropout_solution,
+)
+from .heads import HEAD_IMPORTANCE_ADVICE, HEAD_IMPORTANCE_MISTAKES, check_head_importance, head_importance_solution
+from .positional import (
+    ALIBI_SLOPES_ADVICE, ALIBI_SLOPES_MISTAKES, SINUSOIDAL_ADVICE, SINUSOIDAL_MISTAKES, alibi_slopes_solution,
+    check_alibi_slopes, check_sinusoidal, sinusoidal_solution,
+)
+from .kvcache import KV_DECODE_ADVICE, KV_DECODE_MISTAKES, check_kv_decode_step, kv_decode_step_solution
+
+from . import attention, engine, heads, kvcache, mha, positional, regularization, rope
+
+__all__ = [
+    *engine.__all__, *rope.__all__, *mha.__all__, *attention.__all__, *regularization.__all__,
+    *heads.__all__, *positional.__all__, *kvcache.__all__,
+]
