@@ -27,8 +27,8 @@ def pytest_runtest_logstart(nodeid: str, location) -> None:
         _write(_CONFIG, f"[nbval] {Path(path).name}: re-executing every cell and comparing its outputs")
     elif "/browser/" in path and "browser" not in _seen:
         _seen.add("browser")
-        _write(_CONFIG, "[browser] JupyterLab in headless Chromium: every notebook run, every slider moved "
-                        "(about 3 minutes)")
+        _write(_CONFIG, "[browser] JupyterLab in headless Chromium: the cells each explorer needs run, every slider moved "
+                        "(about 2 minutes)")
 
 
 _CONFIG = None

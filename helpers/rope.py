@@ -604,7 +604,8 @@ def apply_rope(
 
     Returns:
         Tensor of the shape and dtype of ``x``. Angles are computed in float32 (float64
-        for float64 input); cos/sin are cast to ``x.dtype`` before multiplying.
+        for float64 input). Interleaved float16/bfloat16 input is rotated in float32 and
+        rounded once; in the half layout cos/sin are cast to ``x.dtype`` before multiplying.
     """
     _check_x(x)
     base = _check_base(base)

@@ -50,12 +50,12 @@ def plot_scores_vs_bound(
     head_dim: int,
     title: str = "",
 ):
-    """What decays and what does not, against the distance ``r``: every curve divided by its
+    r"""What decays and what does not, against the distance ``r``: every curve divided by its
     own value at ``r = 0``, on one axis labelled "normalised".
 
     The curves have very different sizes (for :math:`q = k = \mathbf 1` the true upper bound
-    :math:`\max_j|h_{j+1}-h_j| \sum_j |C_j|` is :math:`2 \cdot (d/2) \cdot (d/2+1)/2`, about
-    :math:`d/2` times the score), so drawing the relative bound on the score axis would put a
+    :math:`\max_j|h_{j+1}-h_j| \sum_j |C_j|` at ``r = 0`` is :math:`2 \cdot (d/2) \cdot (d/2+1)/2`,
+    :math:`(d/2+1)/2 \approx d/4` times the score :math:`d`), so drawing the relative bound on the score axis would put a
     "bound" below the scores it bounds. Normalised, the figure compares shapes only:
 
     * RoFormer's relative bound (from :func:`long_term_decay`) divided by ``bound[0]``;

@@ -47,7 +47,7 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_terminal_summary(terminalreporter):
     if REPORT:
-        terminalreporter.section("browser: run-all times, slider latencies, screenshots")
+        terminalreporter.section("browser: explorer cells run times, slider latencies, screenshots")
         for line in REPORT:
             terminalreporter.write_line(line)
 
