@@ -11,6 +11,10 @@ under a minute, so this script computes it once and writes
 ``tests/test_experiments.py`` re-runs two seeds and checks they fall inside the committed
 spread (a trained model's last digits differ between CPUs; its distribution does not).
 
+Each run also records its validation accuracy at each of the four query positions
+(``val_acc_by_query``): the last query is where a key-blind "answer a context value not yet
+used" rule would score 1 (notebook 03 §6).
+
 Run from the repository root:  ``python experiments/regularization_ablation.py``
 """
 from __future__ import annotations
@@ -66,6 +70,12 @@ def run(seed: int, arm: str) -> dict:
         probs = model(x_val, need_weights=False)[scored].softmax(-1)
     conf, pred = probs.max(-1)
     wrong = pred != y_val[scored]
+    # accuracy at each of the 4 query positions: every key is queried once, so a key-blind rule that
+    # answers a context value not yet used would be right at the last query every time (notebook 03 §6)
+    query_pos = torch.arange(2 * TASK.num_pairs, TASK.seq_len, 2)
+    with torch.no_grad():
+        pred_all = model(x_val, need_weights=False).argmax(-1)
+    acc_by_query = (pred_all[:, query_pos] == y_val[:, query_pos]).float().mean(0)
     nll = -probs.gather(1, y_val[scored][:, None]).squeeze(1).log()
     # the circuit of notebook 03: layer 0 looks back one step at the values, layer 1 finds the matching value
     P = TASK.num_pairs
@@ -79,6 +89,7 @@ def run(seed: int, arm: str) -> dict:
         "wrong_conf": float(conf[wrong].mean()) if wrong.any() else float("nan"),
         "ce_share_confident_wrong": float(nll[wrong & (conf > 0.9)].sum() / nll.sum()),
         "prev_token": float(prev.max()), "induction": float(induct.max()),
+        "val_acc_by_query": [float(a) for a in acc_by_query],
         "curve": [acc for _, _, acc in res.history],
     }
 

@@ -26,7 +26,10 @@ def test_ablation_results_file_matches_the_script(ablation):
         assert len(runs) == len(ablation.SEEDS), arm
         for r in runs:
             assert 0 <= r["val_acc"] <= 1 and len(r["curve"]) == n_curve
-            assert {"train_ce", "val_ce", "prev_token", "induction", "wrong_conf"} <= set(r)
+            assert {"train_ce", "val_ce", "prev_token", "induction", "wrong_conf", "val_acc_by_query"} <= set(r)
+            # accuracy per query position: 4 queries of 512 sequences each, averaging to the overall accuracy
+            assert len(r["val_acc_by_query"]) == 4
+            assert abs(sum(r["val_acc_by_query"]) / 4 - r["val_acc"]) < 1e-6
 
 
 @pytest.mark.parametrize("arm", ["none", "dropout 0.1"])
