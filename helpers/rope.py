@@ -236,9 +236,13 @@ def rope_angles(
     r"""The angles :math:`m\theta_i` as a ``(..., seq, head_dim // 2)`` tensor.
 
     ``positions`` is an int (``seq``, meaning positions ``0 .. seq-1``), a sequence or a
-    tensor of positions (integers or, for interpolated positions, floats).
+    tensor of positions (integers or, for interpolated positions, floats). A float16 or
+    bfloat16 position tensor raises ``TypeError``: those dtypes round the positions
+    themselves (bfloat16 holds integers exactly only up to 256), as in :func:`apply_rope`.
     """
     _check_head_dim(head_dim)
+    if isinstance(positions, torch.Tensor):
+        _check_positions_dtype(positions)
     if isinstance(positions, int) and not isinstance(positions, bool):
         if positions < 0:
             raise ValueError(f"positions as an int is a sequence length and must be >= 0, got {positions}")
@@ -281,11 +285,19 @@ def ntk_scaled_base(base: float, scale: float, head_dim: int) -> float:
 
 
 def _check_frequencies(frequencies, head_dim: int) -> torch.Tensor:
+    """Check a ``(head_dim // 2,)`` tensor of per-pair frequencies (type, shape, dtype, finiteness).
+
+    The finiteness check reads the values: on an accelerator that is one device-to-host
+    synchronisation per call; on the ``meta`` device, which holds no values, it is skipped
+    (as for positions in :func:`_positions_tensor`).
+    """
     if not isinstance(frequencies, torch.Tensor):
         raise TypeError(f"frequencies must be a torch.Tensor, got {type(frequencies).__name__}")
     if frequencies.shape != (head_dim // 2,):
         raise ValueError(f"frequencies must have shape (head_dim // 2,) = ({head_dim // 2},), got {tuple(frequencies.shape)}")
-    if not frequencies.is_floating_point() or not bool(torch.isfinite(frequencies).all()):
+    if not frequencies.is_floating_point() or (
+        frequencies.device.type != "meta" and not bool(torch.isfinite(frequencies).all())
+    ):
         raise ValueError("frequencies must be a finite floating-point tensor")
     return frequencies
 
@@ -513,8 +525,9 @@ def _cached_tables(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """cos, sin ``(seq, d/2)`` and ``cos + i sin`` for positions ``0 .. seq-1`` (memoised).
 
-    Production code keeps such a table (a "cos/sin cache") instead of recomputing
-    ``seq * d/2`` cosines and sines for every layer and every step.
+    Meta's Llama (``freqs_cis``) and vLLM (``cos_sin_cache``) keep such a table instead of
+    recomputing ``seq * d/2`` cosines and sines; Hugging Face ``transformers`` 5.24 keeps none
+    and recomputes cos/sin once per forward, shared by all layers (notebooks 02 §6 and 07 §6).
     """
     with torch.inference_mode(False), torch.no_grad():  # a table built under inference_mode must serve training later
         cos, sin = _cos_sin(seq, head_dim, base, None, torch.device(device), adt)
@@ -712,7 +725,8 @@ def _device_key(device) -> torch.device:
 
 
 class RotaryEmbedding(torch.nn.Module):
-    r"""RoPE with a cached cos/sin table, as production code bases do.
+    r"""RoPE with a cached cos/sin table, as Meta's Llama (``freqs_cis``) and vLLM (``cos_sin_cache``)
+    keep one (Hugging Face ``transformers`` 5.24 recomputes cos/sin at every forward instead).
 
     ``forward(x, positions=None)`` rotates ``x`` of shape ``(..., seq, head_dim)``.
     The cache holds cos/sin for positions ``0 .. n-1`` in the angle dtype (float32, or

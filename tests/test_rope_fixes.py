@@ -152,3 +152,50 @@ def test_committed_tiny_transformer_checkpoint_loads():
     model.load_state_dict(sd)  # strict: the rope modules' rope_inv_freq is None, so no key is expected
     model.bfloat16()
     assert all(b.attn.rope_inv_freq is None for b in model.blocks)
+
+
+# ------------------------------------------------- frequencies= on meta, rope_angles position dtypes
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_given_frequencies_on_meta(layout):
+    """Meta tensors hold no values: the finiteness check of `frequencies` must not read them."""
+    x = torch.empty(2, 4, 16, 8, device="meta")
+    freqs = R.llama3_frequencies(8, factor=8.0, original_max_position_embeddings=16).to("meta")
+    for pos in (None, torch.arange(16), torch.arange(16, device="meta")):
+        out = R.apply_rope(x, pos, layout=layout, frequencies=freqs)
+        assert out.device.type == "meta" and out.shape == x.shape
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_mha_with_rope_inv_freq_on_meta(layout):
+    mha = MultiHeadAttention(32, 4, rope=True, rope_layout=layout)
+    mha.rope_inv_freq = R.llama3_frequencies(8, factor=8.0, original_max_position_embeddings=16)
+    mha = mha.to("meta")
+    assert mha.rope_inv_freq.device.type == "meta" and mha.rope_inv_freq.dtype == torch.float32
+    x = torch.empty(2, 16, 32, device="meta")
+    for pos in (None, torch.arange(16)):
+        out, _ = mha(x, positions=pos)
+        assert out.device.type == "meta" and out.shape == (2, 16, 32)
+
+
+def test_non_finite_frequencies_are_still_refused():
+    bad = R.rope_frequencies(8).clone()
+    bad[1] = float("nan")
+    with pytest.raises(ValueError, match="frequencies must be a finite floating-point tensor"):
+        R.apply_rope(torch.randn(1, 4, 8), frequencies=bad)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_rope_angles_refuses_low_precision_positions(dtype):
+    """bfloat16 arange(3000, 3016) holds only two values near 3000 (spacing 16): rope_angles would
+    silently return angles of rounded positions."""
+    pos = torch.arange(3000, 3016).to(dtype)
+    with pytest.raises(TypeError, match=rf"positions must be an integer, float32 or float64 tensor .*got dtype {dtype}"):
+        R.rope_angles(pos, 4)
+
+
+def test_rope_angles_accepts_exact_positions():
+    for pos in (torch.arange(3000, 3016), torch.arange(3000, 3016).float(), torch.arange(3000, 3016).double(),
+                list(range(3000, 3016)), 16):
+        ang = R.rope_angles(pos, 4)
+        assert ang.dtype == torch.float32 and ang.shape == (16, 2)
+    torch.testing.assert_close(R.rope_angles(torch.arange(3000, 3016), 4)[:, 0], torch.arange(3000, 3016).float())

@@ -38,8 +38,8 @@ def rope_cache_state(
     r"""What notebook 02's explorer shows (pure: no widgets, no figure).
 
     The cos/sin cache is the ``(n_positions, head_dim/2)`` table of :math:`\cos m\theta_i`
-    and :math:`\sin m\theta_i` that production code precomputes once (``helpers.rope``
-    memoises it). The fixed vector :math:`\mathbf q = (1, \dots, 1)` is rotated at
+    and :math:`\sin m\theta_i` that Meta's Llama and vLLM precompute once (``helpers.rope``
+    memoises it; Hugging Face ``transformers`` 5.24 recomputes it at every forward). The fixed vector :math:`\mathbf q = (1, \dots, 1)` is rotated at
     every displayed position with :func:`helpers.rope.apply_rope` (interleaved layout).
 
     Args:
@@ -222,8 +222,8 @@ def plot_angle_precision(
 
     One line per dtype (keys of the mappings). Both axes are logarithmic (position in powers
     of 2), so short contexts, where bfloat16 already fails, get as much room as long ones.
-    ``marks`` maps a label to a position drawn as a dotted vertical line (e.g. 256, the last
-    integer bfloat16 represents exactly). Returns the pyplot figure (call ``plt.show()``).
+    ``marks`` maps a label to a position drawn as a dotted vertical line (e.g. 256: every
+    integer up to 256 is exact in bfloat16, 257 is the first that is not). Returns the pyplot figure (call ``plt.show()``).
     """
     import matplotlib.pyplot as plt
 
