@@ -27,6 +27,17 @@ Experiments (the notebook section in brackets):
 * ``gqa`` [6]: mixed task, MHA / GQA (4 K/V heads) / MQA (1 K/V head), 600 steps, and
   Ainslie et al.'s uptraining: the trained MHA model's K/V heads mean-pooled into 4 and 1
   groups, then 30 more training steps.
+* ``pruning_budget`` [3]: the ``pruning`` models trained for a fixed 1200 steps without
+  early stopping (same seeds, same data), snapshots at steps 100, 200, 400, 800 and 1200
+  pruned as in ``pruning`` (fixed layer-normalised importance order, 10 random orders):
+  prunability against training step, as Michel et al.'s sec. 6 asks (about 5 min).
+* ``one_layer_head_only`` [5b]: the control for ``one_layer``'s wide arm: residual width
+  16 as in the small arms, only the attention head widened to 64
+  (:class:`WideHeadAttention`: W^Q, W^K, W^V 16 -> 64, W^O 64 -> 16); same learning rates,
+  seeds, data and budget (about 4 min).
+
+The experiments above were run once; the last two were added later as new keys, so that
+the full sweep (about 40 min) need not be re-run: ``python ... pruning_budget``.
 """
 from __future__ import annotations
 
@@ -39,12 +50,13 @@ import time
 from pathlib import Path
 
 import torch
+from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import helpers  # noqa: E402
-from helpers import TinyTransformer, TwoPositionTask, evaluate, first_step_reaching, make_task, sweep, train  # noqa: E402
+from helpers import TinyTransformer, TwoPositionTask, apply_rope, evaluate, first_step_reaching, make_task, sweep, train  # noqa: E402
 from helpers import heads as hd  # noqa: E402
 from helpers.viz.heads import spearman  # noqa: E402
 
@@ -65,7 +77,11 @@ SEEDS = {
     "two_layer": list(range(10)),
     "one_layer": list(range(5)),
     "gqa": list(range(5)),
+    "pruning_budget": list(range(8)),
+    "one_layer_head_only": list(range(5)),
 }
+BUDGET_STEPS, BUDGET_SNAPSHOTS = 1200, (100, 200, 400, 800, 1200)
+HEAD_ONLY_WIDTH = 64
 
 
 def mixed_data(seed: int):
@@ -156,6 +172,105 @@ def run_gqa(seed: int) -> dict:
     return out
 
 
+class _SnapshotAdamW(torch.optim.AdamW):
+    """AdamW that copies the parameters after the optimizer steps listed in ``at`` (same updates as AdamW)."""
+
+    def __init__(self, params, at, **kw):
+        super().__init__(params, **kw)
+        self.at, self.n_steps, self.snapshots = set(at), 0, {}
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        out = super().step(closure)
+        self.n_steps += 1
+        if self.n_steps in self.at:
+            self.snapshots[self.n_steps] = [p.detach().clone() for g in self.param_groups for p in g["params"]]
+        return out
+
+
+def run_pruning_budget(seed: int) -> dict:
+    """The ``pruning`` model of this seed trained for a fixed budget; each snapshot pruned as in ``pruning``."""
+    task, split, test = mixed_data(seed)
+    model = TinyTransformer(task.vocab_size, max_len=task.seq_len, seed=seed, **MIXED)
+    holder = {}
+
+    def make_opt(params):
+        holder["opt"] = _SnapshotAdamW(params, BUDGET_SNAPSHOTS, lr=3e-3, weight_decay=0.0)  # train()'s default
+        return holder["opt"]
+
+    result = train(model, split, steps=BUDGET_STEPS, seed=seed, eval_every=25, optimizer=make_opt,
+                   forward_kwargs={"need_weights": False})
+    imp_data = (split.train[0][:1024], split.train[1][:1024])
+    out = {"history": result.history}
+    for step, tensors in sorted(holder["opt"].snapshots.items()):
+        snap = TinyTransformer(task.vocab_size, max_len=task.seq_len, seed=seed, **MIXED)
+        with torch.no_grad():
+            for p, t in zip(snap.parameters(), tensors):
+                p.copy_(t)
+        snap.eval()
+        fixed = hd.pruning_curve(snap, test, hd.head_importance(snap, imp_data, normalize=True))
+        rand = [hd.pruning_curve(snap, test, "random", seed=s).max_prunable(0.01) for s in range(N_RANDOM_ORDERS)]
+        out[f"step {step}"] = {"val_acc": evaluate(snap, split.val)[1], "test_acc": float(fixed.accuracy[0]),
+                               "frac_fixed_norm": fixed.max_prunable(0.01), "frac_random": rand,
+                               "frac_random_mean": sum(rand) / len(rand), "curve_fixed": fixed.accuracy.tolist()}
+    return out
+
+
+class WideHeadAttention(nn.Module):
+    r"""One attention head of width ``head_dim`` on a residual stream of width ``d_model``.
+
+    :math:`W^Q, W^K, W^V: d_\text{model} \to d_h` and :math:`W^O: d_h \to d_\text{model}`, RoPE on
+    :math:`q, k` (``helpers.apply_rope``, base 10000, :math:`d_h/2` frequencies), causal softmax:
+    what ``MultiHeadAttention(d_model, 1, rope=True)`` computes when ``head_dim == d_model``
+    (tests/test_experiments_05.py checks that). Only the head widens; embeddings, LayerNorms and
+    the feed-forward layer keep the model's width. Input ``(batch, seq, d_model)``, output the
+    same and weights ``(batch, 1, seq, seq)``.
+    """
+
+    def __init__(self, d_model: int, head_dim: int):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim, self.d_model = 1, 1, head_dim, d_model
+        self.linear_q, self.linear_k, self.linear_v = (nn.Linear(d_model, head_dim) for _ in range(3))
+        self.linear_out = nn.Linear(head_dim, d_model)
+
+    def forward(self, query, key=None, value=None, mask=None, head_mask=None, need_weights=True, positions=None,
+                **unused):
+        q, k, v = (lin(query)[:, None] for lin in (self.linear_q, self.linear_k, self.linear_v))  # (b, 1, n, d_h)
+        q, k = apply_rope(q, positions), apply_rope(k, positions)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+        w = torch.softmax(scores, dim=-1)
+        heads = w @ v
+        if head_mask is not None:
+            heads = heads * torch.as_tensor(head_mask, dtype=heads.dtype).reshape(-1, 1, 1, 1)
+        return self.linear_out(heads[:, 0]), (w if need_weights else None)
+
+
+def head_only_model(vocab_size: int, seed: int, d_model: int = 16, head_dim: int = HEAD_ONLY_WIDTH) -> TinyTransformer:
+    """A one-layer ``TinyTransformer`` of width ``d_model`` whose only head has width ``head_dim``."""
+    model = TinyTransformer(vocab_size, d_model, 1, 1, 12, pos="none", seed=seed)  # RoPE lives in the new head
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model.blocks[0].attn = WideHeadAttention(d_model, head_dim)
+    return model
+
+
+def run_one_layer_head_only(seed: int) -> dict:
+    task = TwoPositionTask(**TWO_POS)
+    split = task.split(2048, 256, seed=0)  # the data of one_layer (shared by all seeds, as there)
+    out = {"params": sum(p.numel() for p in head_only_model(task.vocab_size, seed).parameters())}
+    for lr in LRS:
+        model = head_only_model(task.vocab_size, seed)
+        r = train(model, split, steps=ONE_LAYER_STEPS, lr=lr, seed=seed, eval_every=25, stop_at_acc=0.995,
+                  forward_kwargs={"need_weights": False})
+        key = f"d16 head 64 lr {lr:g}"
+        out[f"{key}: steps_to_99"] = first_step_reaching(r.history, 0.99)
+        out[f"{key}: best_acc"] = max(a for _, _, a in r.history)
+        out[f"{key}: final_acc"] = r.val_acc
+    return out
+
+
 def save_model() -> dict:
     helpers.seed_everything(0)
     model, result, _, _ = train_mixed(0)
@@ -184,6 +299,8 @@ EXPERIMENTS = {
     "two_layer": lambda seeds: {f"{h} head(s)": sweep(run_two_layer_heads(h), seeds).runs for h in (1, 4)},
     "one_layer": lambda seeds: sweep(run_one_layer, seeds).runs,
     "gqa": lambda seeds: sweep(run_gqa, seeds).runs,
+    "pruning_budget": lambda seeds: sweep(run_pruning_budget, seeds).runs,
+    "one_layer_head_only": lambda seeds: sweep(run_one_layer_head_only, seeds).runs,
 }
 
 
@@ -217,4 +334,5 @@ def main(names) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["model", "saved_random_curves", "pruning", "two_layer", "gqa", "one_layer"])
+    main(sys.argv[1:] or ["model", "saved_random_curves", "pruning", "two_layer", "gqa", "one_layer",
+                          "pruning_budget", "one_layer_head_only"])

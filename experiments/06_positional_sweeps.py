@@ -18,6 +18,19 @@ Every experiment is a function of the seed (``schemes_run``, ``stretch_run``,
 ``seed_everything(seed)`` before each call), so one seed's numbers do not depend on the
 others or on the number of workers. ``tests/test_experiments_06.py`` re-runs two seeds
 of some of them and checks they fall inside the committed spread.
+
+Two parts were added later as new keys (the first three take about 40 min together and
+were not re-run):
+
+* ``alias`` (``alias_run``, seeds 0-7, about 1 min): the sinusoidal look-back models of
+  ``schemes``, shifted by c = 10, 100, 500 in *some* pairs of the table only (the three
+  fastest pairs, or the other thirteen), to test whether the fast pairs' aliasing explains
+  the non-monotone shift curve.
+* ``nope_probe`` (``nope_probe_run``, seeds 0-4, about 3 min): the two NoPE configurations
+  of ``nope`` re-trained (same seeds, same data, same numbers), then evaluated at 2L and 4L,
+  with a linear probe of the position from the first layer's output, the first layer's
+  attention on position 0 against 1/(t+1), and the accuracy when attention to position 0 is
+  removed in one layer (anchor or sink?).
 """
 from __future__ import annotations
 
@@ -193,13 +206,131 @@ def shuffle_sensitivity(model, x, first: int = 0) -> float:
     return (model(x)[:, t] - model(xs)[:, t]).abs().max().item()
 
 
+FAST_PAIRS = 3  # pairs 0..2 of the 16 (dimensions 0..5) of the d_model = 32 sinusoidal table
+ALIAS_SHIFTS = [10, 100, 500]
+
+
+def _sinusoidal(n: int, d: int, positions: torch.Tensor) -> torch.Tensor:
+    angle = positions.double()[:, None] / 10000.0 ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    pe = torch.zeros(n, d, dtype=torch.float64)
+    pe[:, 0::2], pe[:, 1::2] = torch.sin(angle), torch.cos(angle)
+    return pe
+
+
+@torch.no_grad()
+def partial_shift_accuracy(model: TinyTransformer, data, c: int, pairs) -> float:
+    """Accuracy when only the table's ``pairs`` are moved by ``c`` positions (the others stay at 0 .. n-1)."""
+    x, _ = data
+    n, d = x.shape[1], model.d_model
+    m = torch.arange(n)
+    dims = torch.tensor([2 * i + j for i in pairs for j in (0, 1)], dtype=torch.long)
+    delta = torch.zeros(n, d, dtype=torch.float64)
+    delta[:, dims] = (_sinusoidal(n, d, m + c) - _sinusoidal(n, d, m))[:, dims]
+    hook = model.blocks[0].register_forward_pre_hook(lambda mod, args: (args[0] + delta.to(args[0].dtype),) + args[1:])
+    try:
+        return evaluate(model, data, need_weights=False)[1]
+    finally:
+        hook.remove()
+
+
+def alias_run(seed: int) -> dict:
+    """Sinusoidal look-back model of ``schemes``: shift all pairs, only the fast ones, or only the slow ones."""
+    model, _ = train_scheme("lookback", "sinusoidal", seed)
+    val = val_data("lookback", L)
+    n_pairs = model.d_model // 2
+    groups = {"all": range(n_pairs), "fast": range(FAST_PAIRS), "slow": range(FAST_PAIRS, n_pairs)}
+    out = {"acc": evaluate(model, val)[1]}
+    for c in ALIAS_SHIFTS:
+        out[f"offset {c}: offset arg"] = evaluate(model, val, offset=c, need_weights=False)[1]
+        for g, pairs in groups.items():
+            out[f"offset {c}: {g}"] = partial_shift_accuracy(model, val, c, list(pairs))
+    return out
+
+
+def _with_start(name: str, n: int):
+    return WithStart(task(name, n)).add(val_data(name, n))
+
+
+@torch.no_grad()
+def _acc_without_start(model, data, layer: int) -> float:
+    """Accuracy when queries t >= 1 of ``layer`` may not attend to position 0 (it still attends to itself)."""
+    def hook(mod, args, kwargs):
+        mask = kwargs["mask"]
+        n = args[0].shape[1]
+        cut = torch.zeros(n, n, dtype=torch.bool)
+        cut[1:, 0] = True
+        if mask.dtype == torch.bool:
+            kwargs["mask"] = mask & ~cut
+        else:
+            kwargs["mask"] = mask.masked_fill(cut, float("-inf"))
+        return args, kwargs
+    h = model.blocks[layer].attn.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        return evaluate(model, data, need_weights=False)[1]
+    finally:
+        h.remove()
+
+
+@torch.no_grad()
+def position_probe_r2(model, train_x, val_x, first: int) -> float:
+    """R^2 on ``val_x`` of a least-squares linear probe of the position t from the first block's output."""
+    feats = []
+    for x in (train_x, val_x):
+        seen = []
+        hook = model.blocks[0].register_forward_hook(lambda mod, args, out: seen.append(out[0]))
+        model(x, need_weights=False)
+        hook.remove()
+        h = seen[0][:, first:]  # (batch, positions, d)
+        t = torch.arange(h.shape[1], dtype=torch.float64).expand(h.shape[0], -1)
+        feats.append((torch.cat([h.reshape(-1, h.shape[-1]).double(), torch.ones(h.numel() // h.shape[-1], 1,
+                                                                                 dtype=torch.float64)], 1),
+                      t.reshape(-1)))
+    (a, ta), (b, tb) = feats
+    coef = torch.linalg.lstsq(a, ta[:, None]).solution
+    resid = tb - (b @ coef)[:, 0]
+    return float(1 - resid.pow(2).sum() / (tb - tb.mean()).pow(2).sum())
+
+
+def nope_probe_run(seed: int) -> dict:
+    """The ``nope`` models again (same seeds and data), then: 2L/4L, a position probe, anchor or sink."""
+    base = task("lookback")
+    split = base.split(2048, 256, seed)
+    out = {}
+    for cname, (layers, lr, steps, start) in NOPE_CONFIGS.items():
+        wrap = WithStart(base) if start else None
+        tr, va = (wrap.add(split.train), wrap.add(split.val)) if start else (split.train, split.val)
+        model = TinyTransformer(wrap.vocab_size if start else base.vocab_size, 32, 2, layers, max_len=80,
+                                pos="none", seed=seed)
+        run = train(model, (tr, va), steps=steps, lr=lr, seed=seed, eval_every=NOPE_EVAL_EVERY)
+        out[f"{cname}/acc"] = run.val_acc
+        for n in LENGTHS:
+            data = _with_start("lookback", n) if start else val_data("lookback", n)
+            out[f"{cname}/acc at {n}"] = evaluate(model, data, need_weights=False)[1]
+        first = 1 if start else 0
+        out[f"{cname}/probe r2"] = position_probe_r2(model, tr[0][:512], va[0], first)
+        if start:
+            model(va[0])
+            w0 = model.attention_weights[0]  # (batch, heads, n, n)
+            on_start = w0[:, :, 1:, 0].mean(0)  # (heads, queries 1..n-1)
+            t = torch.arange(1, va[0].shape[1], dtype=torch.float64)
+            out[f"{cname}/layer0 weight on start"] = on_start.tolist()
+            out[f"{cname}/layer0 corr with 1/(t+1)"] = [float(np.corrcoef(on_start[h].double(), 1 / (t + 1))[0, 1])
+                                                        for h in range(on_start.shape[0])]
+            out[f"{cname}/layer1 weight on start"] = model.attention_weights[1][:, :, 1:, 0].mean((0, 2)).tolist()
+            for layer in range(layers):
+                out[f"{cname}/acc without start in layer {layer}"] = _acc_without_start(model, va, layer)
+    return out
+
+
 def meta() -> dict:
     return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "machine": platform.machine(), "processor": platform.processor(), "python": platform.python_version(),
             "date": time.strftime("%Y-%m-%d")}
 
 
-PARTS = {"schemes": schemes_run, "stretch": stretch_run, "nope": nope_run}
+PARTS = {"schemes": schemes_run, "stretch": stretch_run, "nope": nope_run, "alias": alias_run,
+         "nope_probe": nope_probe_run}
+PART_SEEDS = {"nope": NOPE_SEEDS, "nope_probe": NOPE_SEEDS}
 
 
 def main(argv=None) -> None:
@@ -208,9 +339,9 @@ def main(argv=None) -> None:
     ap.add_argument("--seeds", type=int, nargs="*", default=None, help="default: 0-7 (nope: 0-4)")
     args = ap.parse_args(argv)
     new = {}
-    for part in args.part or list(PARTS):
+    for part in args.part or ["schemes", "stretch", "nope", "alias", "nope_probe"]:
         t0 = time.time()
-        res = sweep(PARTS[part], args.seeds if args.seeds is not None else (NOPE_SEEDS if part == "nope" else SEEDS))
+        res = sweep(PARTS[part], args.seeds if args.seeds is not None else PART_SEEDS.get(part, SEEDS))
         new[part] = {"seeds": list(res.seeds), "runs": res.runs, "meta": meta(), "seconds": round(time.time() - t0)}
         print(f"{part}: {len(res.seeds)} seeds in {time.time() - t0:.0f} s", flush=True)
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}  # read late: keep parts run meanwhile
@@ -219,7 +350,8 @@ def main(argv=None) -> None:
                          "schemes": SCHEMES, "offsets": OFFSETS, "lengths": LENGTHS, "gpt2_wpe_std": GPT2_WPE_STD,
                          "ft_lrs": FT_LRS, "ft_steps": FT_STEPS, "variants": VARIANTS,
                          "nope_configs": {k: list(v) for k, v in NOPE_CONFIGS.items()},
-                         "nope_eval_every": NOPE_EVAL_EVERY, "nope_seeds": NOPE_SEEDS}
+                         "nope_eval_every": NOPE_EVAL_EVERY, "nope_seeds": NOPE_SEEDS,
+                         "fast_pairs": FAST_PAIRS, "alias_shifts": ALIAS_SHIFTS}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=1, allow_nan=False) + "\n")
     print(f"wrote {RESULTS.relative_to(ROOT)}")

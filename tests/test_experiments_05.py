@@ -59,3 +59,51 @@ def test_two_seeds_rerun_inside_the_committed_spread(ex05, committed, heads):
         assert min(steps) - 30 <= rec["steps_to_99"] <= max(steps) + 30, (seed, rec["steps_to_99"], steps)
         assert min(mid) - 0.15 <= rec["acc_at_80"] <= max(mid) + 0.15, (seed, rec["acc_at_80"], mid)
         assert rec["final_acc"] >= 0.99
+
+
+def test_wide_head_equals_multi_head_attention_at_equal_width(ex05):
+    from helpers import MultiHeadAttention, causal_mask
+
+    ref = MultiHeadAttention(16, 1, rope=True)
+    wide = ex05.WideHeadAttention(16, 16)
+    wide.load_state_dict(ref.state_dict())
+    x = torch.randn(3, 12, 16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        (a, wa), (b, wb) = ref(x, mask=causal_mask(12)), wide(x, mask=causal_mask(12))
+    torch.testing.assert_close(a, b)
+    torch.testing.assert_close(wa, wb)
+    model = ex05.head_only_model(72, 0)
+    assert model.blocks[0].attn.linear_q.weight.shape == (ex05.HEAD_ONLY_WIDTH, 16)
+    assert model.blocks[0].attn.linear_out.weight.shape == (16, ex05.HEAD_ONLY_WIDTH)
+    assert model(torch.zeros(2, 12, dtype=torch.long)).shape == (2, 12, 72)
+
+
+def test_new_keys_were_added_without_rerunning_the_old_ones(committed, ex05):
+    assert committed["pruning_budget"]["seeds"] == committed["pruning"]["seeds"]
+    for rec in committed["pruning_budget"]["runs"]:
+        assert all(f"step {s}" in rec for s in ex05.BUDGET_SNAPSHOTS)
+    assert {"pruning_budget", "one_layer_head_only"} <= set(committed["seconds"])
+
+
+def test_pruning_budget_two_seeds_rerun_inside_the_committed_spread(ex05, committed):
+    runs = committed["pruning_budget"]["runs"]
+    res = sweep(ex05.run_pruning_budget, [0, 1])
+    for seed in (0, 1):
+        rec = res.runs[seed]
+        for step in ex05.BUDGET_SNAPSHOTS:
+            key = f"step {step}"
+            fr = [r[key]["frac_fixed_norm"] for r in runs]
+            va = [r[key]["val_acc"] for r in runs]
+            assert min(fr) - 0.13 <= rec[key]["frac_fixed_norm"] <= max(fr) + 0.13, (seed, step, rec[key], fr)
+            assert min(va) - 0.05 <= rec[key]["val_acc"] <= max(va) + 0.05, (seed, step, rec[key]["val_acc"], va)
+
+
+def test_one_layer_head_only_two_seeds_rerun_inside_the_committed_spread(ex05, committed):
+    runs = committed["one_layer_head_only"]["runs"]
+    res = sweep(ex05.run_one_layer_head_only, [0, 1])
+    for seed in (0, 1):
+        rec = res.runs[seed]
+        for lr in ex05.LRS:
+            key = f"d16 head 64 lr {lr:g}: best_acc"
+            vals = [r[key] for r in runs]
+            assert min(vals) - 0.1 <= rec[key] <= max(vals) + 0.1, (seed, key, rec[key], vals)

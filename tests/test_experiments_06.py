@@ -50,3 +50,41 @@ def test_two_seeds_fall_inside_the_committed_spread(exp, results, seed):
         vals = np.array([r[key] for r in committed])  # (seeds, lengths, offsets)
         got = np.array(fresh[key])
         assert np.all(got >= vals.min(0) - 0.05) and np.all(got <= vals.max(0) + 0.05), key
+
+
+def test_added_parts_are_complete(exp, results):
+    assert results["alias"]["seeds"] == exp.SEEDS and results["nope_probe"]["seeds"] == exp.NOPE_SEEDS
+    for rec in results["alias"]["runs"]:
+        assert {f"offset {c}: {g}" for c in exp.ALIAS_SHIFTS for g in ("all", "fast", "slow")} <= set(rec)
+    for part in ("alias", "nope_probe"):
+        assert {"torch", "cpu_capability", "machine"} <= set(results[part]["meta"])
+
+
+def test_partial_shift_of_all_pairs_equals_the_offset_argument(exp):
+    helpers.seed_everything(0)
+    model, _ = exp.train_scheme("lookback", "sinusoidal", 0)
+    val = exp.val_data("lookback", exp.L)
+    from helpers import evaluate
+
+    assert exp.partial_shift_accuracy(model, val, 10, range(16)) == evaluate(model, val, offset=10)[1]
+    assert exp.partial_shift_accuracy(model, val, 10, []) == evaluate(model, val)[1]
+
+
+@pytest.mark.parametrize("seed", [0, 5])
+def test_alias_two_seeds_fall_inside_the_committed_spread(exp, results, seed):
+    helpers.seed_everything(seed)
+    fresh = exp.alias_run(seed)
+    for key, rec in fresh.items():
+        vals = np.array([r[key] for r in results["alias"]["runs"]])
+        assert vals.min() - 0.05 <= rec <= vals.max() + 0.05, (key, rec, vals)
+
+
+def test_nope_probe_two_seeds_fall_inside_the_committed_spread(exp, results):
+    res = helpers.sweep(exp.nope_probe_run, [0, 1])
+    committed = results["nope_probe"]["runs"]
+    for seed in (0, 1):
+        rec = res.runs[seed]
+        for key in [k for k, v in rec.items() if isinstance(v, float)]:
+            vals = np.array([r[key] for r in committed])
+            margin = 0.1 if "r2" in key or "corr" in key else 0.05
+            assert vals.min() - margin <= rec[key] <= vals.max() + margin, (seed, key, rec[key], vals)

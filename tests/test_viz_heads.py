@@ -64,6 +64,16 @@ def test_explorers_update_figure_and_summary(setup):
     assert len(hx.times_ms) == 2 and len(ex.times_ms) == 3
 
 
+def test_prune_explorer_accuracy_label(setup):
+    _, _, curves, _ = setup
+    ex = prune_explorer(curves, n_pruned=1, accuracy_label="held-out test accuracy")
+    figs = [v for v in vars(ex).values() if hasattr(v, "axes") and hasattr(v, "savefig")]
+    if figs:
+        assert "held-out test accuracy" in [a.get_ylabel() for a in figs[0].axes]
+    with pytest.raises(ValueError, match=r"accuracy_label must be a non-empty string, got ''"):
+        prune_explorer(curves, accuracy_label="")
+
+
 def test_errors(setup):
     _, data, curves, maps = setup
     with pytest.raises(ValueError, match=r"curves must be a non-empty dict of name -> PruningCurve, got list"):

@@ -180,8 +180,9 @@ ALIBI_SLOPES_ADVICE: dict[str, str] = {
     ),
     "extra_slopes_not_every_second": (
         "Extra slopes not interleaved (extra_slopes_not_every_second): for n not a power of two, the n - p "
-        "extra slopes are every SECOND slope of 2p heads (get_slopes(2p)[0::2]), so they fall between the "
-        "first p slopes; you took the first n - p of them."
+        "extra slopes are every SECOND slope of 2p heads (get_slopes(2p)[0::2]): 2^(-4/p), 2^(-12/p), ..., "
+        "one steeper than all of the first p and the others between them (appended after them, not sorted); "
+        "you took the first n - p of them."
     ),
     "k_starts_at_0": (
         "Exponents start at 0 (k_starts_at_0): the first slope is 2^(-8/n), not 2^0 = 1: m_k = 2^(-8k/n) for "

@@ -76,8 +76,12 @@ def prune_explorer_state(curves: Mapping[str, PruningCurve], order: str, n_prune
     }
 
 
-def prune_explorer(curves: Mapping[str, PruningCurve], order: Optional[str] = None, n_pruned: int = 4) -> Explorer:
+def prune_explorer(curves: Mapping[str, PruningCurve], order: Optional[str] = None, n_pruned: int = 4,
+                   accuracy_label: str = "accuracy") -> Explorer:
     """Sliders: heads pruned (0 .. N) and pruning order (one per curve).
+
+    ``accuracy_label`` is the right panel's y-axis label: say which data the curves were measured
+    on (notebook 05 passes "held-out test accuracy").
 
     Left: the layer x head grid (dark = pruned, numbers = step at which the head went).
     Right: accuracy against the fraction of heads pruned for every order (thin), the
@@ -86,6 +90,8 @@ def prune_explorer(curves: Mapping[str, PruningCurve], order: Optional[str] = No
     import ipywidgets as widgets
 
     curves = _check_curves(curves)
+    if not isinstance(accuracy_label, str) or not accuracy_label:
+        raise ValueError(f"accuracy_label must be a non-empty string, got {accuracy_label!r}")
     names = list(curves)
     order = names[0] if order is None else order
     first = prune_explorer_state(curves, order, n_pruned)
@@ -114,7 +120,7 @@ def prune_explorer(curves: Mapping[str, PruningCurve], order: Optional[str] = No
     ax_c.set_xlim(-0.02, 1.02)
     ax_c.set_ylim(0.0, 1.02)
     ax_c.set_xlabel("fraction of heads pruned")
-    ax_c.set_ylabel("validation accuracy")
+    ax_c.set_ylabel(accuracy_label)
     ax_c.set_title("accuracy left", fontsize=9)
     leg = ax_c.legend(loc="lower left", fontsize=7, framealpha=0.9)
     suptitle = fig.suptitle(" ", fontsize=10)
