@@ -105,7 +105,8 @@ def _check_target(target: torch.Tensor, num_classes: int, ignore_index: Optional
 
 
 def smooth_labels(
-    target: torch.Tensor, num_classes: int, eps: float, convention: str = "uniform"
+    target: torch.Tensor, num_classes: int, eps: float, convention: str = "uniform",
+    dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     r"""Smoothed target distributions.
 
@@ -117,15 +118,18 @@ def smooth_labels(
         num_classes: :math:`K \ge 2`.
         eps: smoothing :math:`\varepsilon` in [0, 1).
         convention: ``"uniform"`` or ``"others"``.
+        dtype: floating dtype of the result (default float32).
 
     Returns:
-        float32 tensor ``(..., num_classes)``; every row sums to 1.
+        tensor ``(..., num_classes)`` of ``dtype``; every row sums to 1.
     """
     num_classes = _check_num_classes(num_classes)
     eps = _check_prob(eps, "eps")
     _check_convention(convention)
     _check_target(target, num_classes)
-    onehot = F.one_hot(target, num_classes).to(torch.float32)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    onehot = F.one_hot(target, num_classes).to(dtype)
     if convention == "uniform":
         return onehot * (1.0 - eps) + eps / num_classes
     return onehot * (1.0 - eps) + (1.0 - onehot) * (eps / (num_classes - 1))
@@ -156,6 +160,9 @@ def label_smoothing_cross_entropy(
     ``F.cross_entropy(logits, target, label_smoothing=eps, ignore_index=ignore_index,
     reduction=reduction)`` for every reduction.
 
+    The loss is computed in ``torch.promote_types(logits.dtype, torch.float32)`` (float16 and
+    bfloat16 in float32, float64 in float64) and returned in the dtype of ``logits``.
+
     Returns:
         A scalar (``"mean"``, ``"sum"``) or the per-position losses (``"none"``, 0 where ignored).
     """
@@ -170,10 +177,12 @@ def label_smoothing_cross_entropy(
         raise ValueError(f"target must have shape {tuple(expected)} for logits of shape {tuple(logits.shape)}, got {tuple(target.shape)}")
     K = logits.shape[1]
     _check_target(target, K, ignore_index)
-    logp = torch.log_softmax(logits.movedim(1, -1).float(), dim=-1)  # (N, d1.., K)
+    # compute in float32 or better: half/bfloat16 are upcast, float64 stays float64
+    compute_dtype = torch.promote_types(logits.dtype, torch.float32)
+    logp = torch.log_softmax(logits.movedim(1, -1).to(compute_dtype), dim=-1)  # (N, d1.., K)
     valid = target != ignore_index
     safe_target = torch.where(valid, target, torch.zeros_like(target))
-    q = smooth_labels(safe_target, K, eps, convention).to(logp.device)
+    q = smooth_labels(safe_target, K, eps, convention, dtype=compute_dtype).to(logp.device)
     per = -(q * logp).sum(-1) * valid
     if reduction == "none":
         return per.to(logits.dtype)

@@ -92,6 +92,35 @@ def test_uniform_convention_equals_torch_cross_entropy(reduction, eps):
     torch.testing.assert_close(ours, ref)
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("V", [5000, 32000])
+def test_float64_is_computed_in_float64(reduction, V):
+    # float64 logits must not be rounded to float32 inside (the loss must match torch's float64 result)
+    g = torch.Generator().manual_seed(5)
+    logits = 4 * torch.randn(6, V, generator=g, dtype=torch.float64)
+    target = torch.randint(0, V, (6,), generator=g)
+    target[2] = -100
+    ours = label_smoothing_cross_entropy(logits, target, 0.1, reduction=reduction)
+    ref = F.cross_entropy(logits, target, label_smoothing=0.1, reduction=reduction, ignore_index=-100)
+    assert ours.dtype == torch.float64
+    torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-12)   # float64 round-off only (float32 inside: ~1e-6)
+    others = label_smoothing_cross_entropy(logits, target, 0.1, "others", reduction=reduction)
+    ref_others = F.cross_entropy(logits, target, label_smoothing=uniform_eps_from_others(0.1, V), reduction=reduction)
+    assert others.dtype == torch.float64
+    torch.testing.assert_close(others, ref_others, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_is_computed_in_float32_and_returned_in_its_dtype(dtype):
+    g = torch.Generator().manual_seed(6)
+    logits = torch.randn(8, 50, generator=g)
+    target = torch.randint(0, 50, (8,), generator=g)
+    ours = label_smoothing_cross_entropy(logits.to(dtype), target, 0.1)
+    ref = F.cross_entropy(logits.to(dtype).float(), target, label_smoothing=0.1)
+    assert ours.dtype == dtype
+    torch.testing.assert_close(ours, ref.to(dtype))
+
+
 def test_custom_ignore_index_and_2d_logits():
     g = torch.Generator().manual_seed(3)
     logits, target = torch.randn(8, 4, generator=g), torch.tensor([0, 1, 2, 3, 7, 7, 1, 0])
@@ -165,6 +194,7 @@ def test_ece_perfect_and_overconfident():
         (lambda: smooth_labels(torch.tensor([3]), 3, 0.1), ValueError, r"target values must be in \[0, num_classes=3\), got 3"),
         (lambda: smooth_labels(torch.tensor([0]), 1, 0.1), ValueError, r"num_classes must be an int >= 2, got 1"),
         (lambda: smooth_labels(torch.tensor([0.0]), 3, 0.1), TypeError, r"target must be an integer tensor"),
+        (lambda: smooth_labels(torch.tensor([0]), 3, 0.1, dtype=torch.int64), TypeError, r"dtype must be a floating torch.dtype"),
         (lambda: label_smoothing_cross_entropy(torch.randn(2, 3), torch.tensor([0, 5]), 0.1), ValueError, r"target values must be in \[0, num_classes=3\), got 5"),
         (lambda: label_smoothing_cross_entropy(torch.randn(2, 3), torch.tensor([0, 1]), 0.1, reduction="avg"), ValueError, r"reduction must be one of"),
         (lambda: label_smoothing_cross_entropy(torch.randn(2, 3), torch.tensor([0, 1, 2]), 0.1), ValueError, r"target must have shape \(2,\)"),
