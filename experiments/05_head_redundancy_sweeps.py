@@ -188,17 +188,21 @@ class _SnapshotAdamW(torch.optim.AdamW):
         return out
 
 
-def run_pruning_budget(seed: int) -> dict:
-    """The ``pruning`` model of this seed trained for a fixed budget; each snapshot pruned as in ``pruning``."""
+def run_pruning_budget(seed: int, steps: int = BUDGET_STEPS, snapshots: tuple = BUDGET_SNAPSHOTS,
+                       n_random: int = N_RANDOM_ORDERS) -> dict:
+    """The ``pruning`` model of this seed trained for a fixed budget; each snapshot pruned as in ``pruning``.
+
+    ``steps``/``snapshots``/``n_random`` shorten the run for the re-run test (the learning rate is
+    constant, so the first 400 steps of a 1200-step run are the same steps)."""
     task, split, test = mixed_data(seed)
     model = TinyTransformer(task.vocab_size, max_len=task.seq_len, seed=seed, **MIXED)
     holder = {}
 
     def make_opt(params):
-        holder["opt"] = _SnapshotAdamW(params, BUDGET_SNAPSHOTS, lr=3e-3, weight_decay=0.0)  # train()'s default
+        holder["opt"] = _SnapshotAdamW(params, snapshots, lr=3e-3, weight_decay=0.0)  # train()'s default
         return holder["opt"]
 
-    result = train(model, split, steps=BUDGET_STEPS, seed=seed, eval_every=25, optimizer=make_opt,
+    result = train(model, split, steps=steps, seed=seed, eval_every=25, optimizer=make_opt,
                    forward_kwargs={"need_weights": False})
     imp_data = (split.train[0][:1024], split.train[1][:1024])
     out = {"history": result.history}
@@ -209,7 +213,7 @@ def run_pruning_budget(seed: int) -> dict:
                 p.copy_(t)
         snap.eval()
         fixed = hd.pruning_curve(snap, test, hd.head_importance(snap, imp_data, normalize=True))
-        rand = [hd.pruning_curve(snap, test, "random", seed=s).max_prunable(0.01) for s in range(N_RANDOM_ORDERS)]
+        rand = [hd.pruning_curve(snap, test, "random", seed=s).max_prunable(0.01) for s in range(n_random)]
         out[f"step {step}"] = {"val_acc": evaluate(snap, split.val)[1], "test_acc": float(fixed.accuracy[0]),
                                "frac_fixed_norm": fixed.max_prunable(0.01), "frac_random": rand,
                                "frac_random_mean": sum(rand) / len(rand), "curve_fixed": fixed.accuracy.tolist()}
@@ -256,11 +260,12 @@ def head_only_model(vocab_size: int, seed: int, d_model: int = 16, head_dim: int
     return model
 
 
-def run_one_layer_head_only(seed: int) -> dict:
+def run_one_layer_head_only(seed: int, lrs: tuple = LRS) -> dict:
+    """One layer, residual width 16, one head of width 64 (only the head widens), at each learning rate."""
     task = TwoPositionTask(**TWO_POS)
     split = task.split(2048, 256, seed=0)  # the data of one_layer (shared by all seeds, as there)
     out = {"params": sum(p.numel() for p in head_only_model(task.vocab_size, seed).parameters())}
-    for lr in LRS:
+    for lr in lrs:
         model = head_only_model(task.vocab_size, seed)
         r = train(model, split, steps=ONE_LAYER_STEPS, lr=lr, seed=seed, eval_every=25, stop_at_acc=0.995,
                   forward_kwargs={"need_weights": False})

@@ -291,12 +291,14 @@ def position_probe_r2(model, train_x, val_x, first: int) -> float:
     return float(1 - resid.pow(2).sum() / (tb - tb.mean()).pow(2).sum())
 
 
-def nope_probe_run(seed: int) -> dict:
-    """The ``nope`` models again (same seeds and data), then: 2L/4L, a position probe, anchor or sink."""
+def nope_probe_run(seed: int, configs: tuple = tuple(NOPE_CONFIGS)) -> dict:
+    """The ``nope`` models again (same seeds and data), then: 2L/4L, a position probe, anchor or sink.
+    ``configs``: which of :data:`NOPE_CONFIGS` to run (all by default; the re-run test runs one)."""
     base = task("lookback")
     split = base.split(2048, 256, seed)
     out = {}
-    for cname, (layers, lr, steps, start) in NOPE_CONFIGS.items():
+    for cname in configs:
+        layers, lr, steps, start = NOPE_CONFIGS[cname]
         wrap = WithStart(base) if start else None
         tr, va = (wrap.add(split.train), wrap.add(split.val)) if start else (split.train, split.val)
         model = TinyTransformer(wrap.vocab_size if start else base.vocab_size, 32, 2, layers, max_len=80,

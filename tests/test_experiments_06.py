@@ -4,6 +4,8 @@ committed 8-seed spread (with a margin: float32 training differs slightly across
 kernels), and the file records what produced it."""
 from __future__ import annotations
 
+import functools
+
 import json
 
 import numpy as np
@@ -80,7 +82,7 @@ def test_alias_two_seeds_fall_inside_the_committed_spread(exp, results, seed):
 
 
 def test_nope_probe_two_seeds_fall_inside_the_committed_spread(exp, results):
-    res = helpers.sweep(exp.nope_probe_run, [0, 1])
+    res = helpers.sweep(functools.partial(exp.nope_probe_run, configs=("2 layers + start token",)), [0, 1])
     committed = results["nope_probe"]["runs"]
     for seed in (0, 1):
         rec = res.runs[seed]
