@@ -42,6 +42,8 @@ from typing import Optional, Sequence, Union
 
 import torch
 
+from . import rope_kernel as _rope_kernel
+
 __all__ = [
     "LAYOUTS",
     "rope_frequencies",
@@ -463,18 +465,27 @@ def _rotate(
     interleaved layout, ``(x[i], x[i + d/2])`` in the half layout. ``cos``/``sin`` are in
     the angle dtype (``rot = cos + i sin`` may be passed when it is already at hand).
 
-    * half layout: ``x * (cos, cos)``, then one fused multiply-add (``addcmul_``) on each
-      half of that fresh output, in ``x.dtype``;
-    * interleaved float16/bfloat16 input: :func:`_rotate_upcast` (Meta's approach: one
-      upcast copy to float32, the complex multiply in place, one downcast);
+    * float16/bfloat16 input on the CPU, both layouts: the fused kernel of
+      :mod:`helpers.rope_kernel` (one pass: widen each pair to float32, rotate, round once),
+      when it is available (:func:`helpers.rope_kernel.status`); otherwise the same numbers
+      from PyTorch operators: :func:`_rotate_upcast` (interleaved; Meta's approach: one upcast
+      copy to float32, the complex multiply in place, one downcast) or the half-layout
+      formula below on a float32 copy, rounded once;
+    * half layout, float32/float64: ``x * (cos, cos)``, then one fused multiply-add
+      (``addcmul_``) on each half of that fresh output, in ``x.dtype``;
     * interleaved float32/float64 input that cannot be viewed as complex: the stride-2
       halves, ``torch.mul(..., out=)`` into one preallocated output when no gradient is
       needed, else the same products out of place (``out=`` does not support autograd),
       stacked back into pairs. Both give the same numbers.
     """
     d = x.shape[-1]
-    if layout == "interleaved" and x.dtype in _LOW_PRECISION:
-        return _rotate_upcast(x, torch.complex(cos.float(), sin.float()) if rot is None else rot)
+    if x.dtype in _LOW_PRECISION:
+        cos32, sin32 = cos.float(), sin.float()
+        if _rope_kernel.can_use(x, cos32, sin32):
+            return _rope_kernel.fused_rope(x, cos32, sin32, layout)
+        if layout == "interleaved":
+            return _rotate_upcast(x, torch.complex(cos32, sin32) if rot is None else rot)
+        return _rotate(x.float(), cos32, sin32, "half").to(x.dtype)  # float32 arithmetic, one rounding
     if cos.dtype != x.dtype:
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     if layout == "half":
@@ -579,14 +590,17 @@ def apply_rope(
     each step): the cos/sin table for positions ``0 .. seq-1`` is memoised; for float32
     and float64 input in the interleaved layout the pairs are viewed (no copy) as complex
     numbers and multiplied by :math:`e^{im\theta_i}` in a single vectorised pass, which
-    computes exactly ``(a cos - b sin, b cos + a sin)``. Interleaved float16/bfloat16
-    input is rotated the way Meta's Llama does it: one upcast copy to float32, the same
-    complex multiply (in place on that copy), one rounding back (about 4-5x the time of
-    ``x.clone()`` on a 2-core CPU, ``benchmarks/rope_bench.py``). The half layout
-    multiplies by ``(cos, cos)`` and adds each half's ``sin`` term with ``addcmul_`` on
-    that fresh output, in ``x.dtype``. Every path is out of place with respect to ``x``
-    and supports autograd (a float32/float64 tensor that cannot be viewed as complex uses
-    ``torch.mul(..., out=)`` only when no gradient is needed).
+    computes exactly ``(a cos - b sin, b cos + a sin)``. float16/bfloat16 input (both
+    layouts) is rotated in float32 and rounded once, as Meta's Llama does it; on the CPU by
+    the one-pass C kernel of :mod:`helpers.rope_kernel` (widen each pair, rotate, round,
+    write: close to the time of ``x.clone()``, ``benchmarks/rope_bench.py``), elsewhere or
+    without a C compiler by PyTorch operators that give the same numbers (one upcast copy,
+    the complex multiply in place, one rounding back; several times slower, since every
+    operator is a pass over memory). The float32/float64 half layout multiplies by
+    ``(cos, cos)`` and adds each half's ``sin`` term with ``addcmul_`` on that fresh output.
+    Every path is out of place with respect to ``x`` and supports autograd (a
+    float32/float64 tensor that cannot be viewed as complex uses ``torch.mul(..., out=)``
+    only when no gradient is needed).
 
     Args:
         x: ``(..., seq, head_dim)``, e.g. ``(batch, heads, seq, head_dim)``.
@@ -617,8 +631,9 @@ def apply_rope(
 
     Returns:
         Tensor of the shape and dtype of ``x``. Angles are computed in float32 (float64
-        for float64 input). Interleaved float16/bfloat16 input is rotated in float32 and
-        rounded once; in the half layout cos/sin are cast to ``x.dtype`` before multiplying.
+        for float64 input). float16/bfloat16 input is rotated in float32 and rounded once
+        (both layouts; Hugging Face instead casts cos/sin to ``x.dtype`` and rounds after
+        every operator, which can differ by a few units in the last place).
     """
     _check_x(x)
     base = _check_base(base)

@@ -8,7 +8,9 @@ x positions: ``None``, ``(seq,)``, ``(batch, seq)`` with batch == heads and batc
 offsets, a list of Python ints;
 x dtypes: float32, float64, bfloat16, float16;
 x modes: gradients off, gradients on, first call under ``torch.inference_mode()`` then a
-call with gradients.
+call with gradients;
+x for bfloat16/float16: both implementations, the fused C kernel (``helpers.rope_kernel``)
+and the PyTorch-operator fallback (``helpers.rope_kernel.disabled()``).
 
 The reference is independent of the code under test: every (example, position) row is
 multiplied by the dense block-diagonal :math:`R_m` in float64 (built here from the per-pair
@@ -18,6 +20,7 @@ ops. Backward passes are compared with autograd through that float64 reference.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
@@ -26,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers import rope as R
+from helpers import rope_kernel
 from helpers.attention import MultiHeadAttention
 from helpers.kvcache import KVCache
 from helpers.model import TinyTransformer
@@ -39,6 +43,18 @@ TOL = {torch.float64: (1e-10, 1e-10), torch.float32: (2e-4, 1e-4), torch.bfloat1
 TOL_NET = {torch.float64: (1e-9, 1e-9), torch.float32: (1e-4, 1e-4), torch.bfloat16: (1.5e-1, 1e-1),
            torch.float16: (2e-2, 2e-2)}
 MODES = ["no_grad", "grad", "inference_first"]
+# (dtype, implementation): float16/bfloat16 run through the fused kernel and through the operator fallback
+DTYPE_PATHS = [pytest.param(dt, path, id=f"{str(dt).replace('torch.', '')}-{path}") for dt in DTYPES
+               for path in (("fused", "operators") if dt in (torch.bfloat16, torch.float16) else ("torch",))]
+
+
+def rope_path(path: str, dtype):
+    """The context that selects the implementation under test."""
+    if path == "operators":
+        return rope_kernel.disabled()
+    if path == "fused" and "used for" not in rope_kernel.status(dtype):
+        pytest.skip(f"fused RoPE kernel unavailable here: {rope_kernel.status(dtype)}")
+    return contextlib.nullcontext()
 POSITIONS = ["none", "seq", "batch_eq_heads", "batch_ne_heads", "offset", "int_list"]
 D, S, BASE = 8, 5, 10000.0
 
@@ -166,12 +182,13 @@ def run_mode(mode: str, dtype, make_input, forward, reference, tol):
     torch.testing.assert_close(x.grad.double(), x64.grad, atol=atol, rtol=rtol)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dtype,path", DTYPE_PATHS)
 @pytest.mark.parametrize("case", POSITIONS)
 @pytest.mark.parametrize("entry", list(ENTRY_POINTS))
-def test_rotation_entry_point(entry, case, dtype):
-    for mode in MODES:  # the three modes in one test: fewer, cheaper tests
-        _rotation_entry_point(entry, case, dtype, mode)
+def test_rotation_entry_point(entry, case, dtype, path):
+    with rope_path(path, dtype):
+        for mode in MODES:  # the three modes in one test: fewer, cheaper tests
+            _rotation_entry_point(entry, case, dtype, mode)
 
 
 def _rotation_entry_point(entry, case, dtype, mode):
@@ -238,12 +255,13 @@ def mha_ref(m: MultiHeadAttention, xq64, xk64, pq, pk, causal: bool):
 MHA_KINDS = ["self", "cross", "gqa", "kvcache"]
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dtype,path", DTYPE_PATHS)
 @pytest.mark.parametrize("case", POSITIONS)
 @pytest.mark.parametrize("kind", MHA_KINDS)
-def test_multi_head_attention(kind, case, dtype):
-    for mode in MODES:
-        _multi_head_attention(kind, case, dtype, mode)
+def test_multi_head_attention(kind, case, dtype, path):
+    with rope_path(path, dtype):
+        for mode in MODES:
+            _multi_head_attention(kind, case, dtype, mode)
 
 
 def _multi_head_attention(kind, case, dtype, mode):
@@ -319,11 +337,12 @@ def tiny_ref(model: TinyTransformer, tokens, pos):
     return lin(model.head, ln(model.ln_f, x))
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dtype,path", DTYPE_PATHS)
 @pytest.mark.parametrize("case", [c for c in POSITIONS if c != "offset"] + ["offset_kw"])
-def test_tiny_transformer(case, dtype):
-    for mode in MODES:
-        _tiny_transformer(case, dtype, mode)
+def test_tiny_transformer(case, dtype, path):
+    with rope_path(path, dtype):
+        for mode in MODES:
+            _tiny_transformer(case, dtype, mode)
 
 
 def _tiny_transformer(case, dtype, mode):

@@ -1,0 +1,207 @@
+"""The fused float16/bfloat16 RoPE kernel (``helpers.rope_kernel``) against independent references.
+
+The reference for the forward pass is NumPy float32 arithmetic (each product and sum rounded
+to float32, no fused multiply-add), rounded once to the output dtype by ``Tensor.to``: the
+kernel must equal it bit for bit, on the vectorised part of a row and on its scalar tail
+(head dims 6, 16, 20, 128). The operator fallback (``rope_kernel.disabled()``) must give the
+same bits in the interleaved layout (Meta's upcast-rotate-round) and at most one unit in the
+last place apart in the half layout (PyTorch's ``addcmul_`` may fuse its multiply-add, i.e.
+round once where the kernel rounds twice). The whole-entry-point matrix with the kernel on and
+off is ``tests/test_rope_matrix_entry_points.py``.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import rope as R
+from helpers import rope_kernel as K
+from helpers.rope import apply_rope
+
+LOWP = [torch.bfloat16, torch.float16]
+ROOT = Path(__file__).resolve().parents[1]
+
+needs_kernel = pytest.mark.skipif("used for" not in K.status(torch.bfloat16),
+                                  reason=f"fused RoPE kernel unavailable here: {K.status(torch.bfloat16)}")
+
+
+def numpy_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
+    """float32 products and sums in NumPy (no FMA), rounded once to ``x.dtype``."""
+    xf = x.float().numpy()
+    d = x.shape[-1]
+    shape = x.shape[:-1] + (d // 2,)
+    c = np.broadcast_to(cos.numpy(), shape).astype(np.float32)
+    s = np.broadcast_to(sin.numpy(), shape).astype(np.float32)
+    a, b = (xf[..., : d // 2], xf[..., d // 2:]) if layout == "half" else (xf[..., 0::2], xf[..., 1::2])
+    ya = (a * c).astype(np.float32) - (b * s).astype(np.float32)
+    yb = (b * c).astype(np.float32) + (a * s).astype(np.float32)
+    y = np.concatenate([ya, yb], -1) if layout == "half" else np.stack([ya, yb], -1).reshape(xf.shape)
+    return torch.from_numpy(np.ascontiguousarray(y)).to(x.dtype)
+
+
+def tables(x: torch.Tensor, positions=None):
+    return R._cos_sin(x.shape[-2], x.shape[-1], 10000.0, positions, x.device, torch.float32, x.shape)
+
+
+def one_ulp_apart(a: torch.Tensor, b: torch.Tensor) -> bool:
+    eps = torch.finfo(a.dtype).eps
+    diff = (a.float() - b.float()).abs()
+    return bool((diff <= eps * torch.maximum(a.float().abs(), b.float().abs()) + torch.finfo(a.dtype).tiny).all())
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", LOWP, ids=str)
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+@pytest.mark.parametrize("d", [6, 16, 20, 128])
+@pytest.mark.parametrize("shape", ["2d", "3d", "4d", "4d_transposed", "4d_per_example"])
+def test_kernel_equals_float32_reference_bit_for_bit(dtype, layout, d, shape):
+    g = torch.Generator().manual_seed(d)
+    pos = None
+    if shape == "2d":
+        x = torch.randn(37, d, generator=g)
+    elif shape == "3d":
+        x = torch.randn(3, 37, d, generator=g)
+        pos = torch.randint(0, 5000, (3, 37), generator=g)
+    elif shape == "4d":
+        x = torch.randn(2, 3, 37, d, generator=g)
+    elif shape == "4d_transposed":  # as MultiHeadAttention makes it: (B, S, H, d).transpose(1, 2)
+        x = torch.randn(2, 37, 3, d, generator=g).transpose(1, 2)
+    else:
+        x = torch.randn(3, 2, 37, d, generator=g)
+        pos = torch.randint(0, 5000, (3, 37), generator=g)
+    x = (x * 3).to(dtype)
+    cos, sin = tables(x, pos)
+    out = apply_rope(x, pos, layout=layout)
+    assert out.dtype == dtype and out.shape == x.shape
+    ref = numpy_reference(x, cos, sin, layout)
+    assert torch.equal(out, ref), f"max |diff| {(out.float() - ref.float()).abs().max().item()}"
+    with K.disabled():
+        fallback = apply_rope(x, pos, layout=layout)
+    if layout == "interleaved":
+        assert torch.equal(out, fallback)
+    else:
+        assert one_ulp_apart(out, fallback)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", LOWP, ids=str)
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_kernel_backward_is_the_inverse_rotation(dtype, layout):
+    g = torch.Generator().manual_seed(1)
+    x64 = torch.randn(2, 3, 29, 20, generator=g, dtype=torch.float64)
+    pos = torch.randint(0, 3000, (2, 29), generator=g)
+    w = torch.randn(2, 3, 29, 20, generator=g, dtype=torch.float64)
+    x = x64.to(dtype).requires_grad_()
+    (apply_rope(x, pos, layout=layout).double() * w).sum().backward()
+    xr = x.detach().double().requires_grad_()
+    (apply_rope(xr, pos, layout=layout) * w).sum().backward()  # float64 autograd reference
+    torch.testing.assert_close(x.grad.double(), xr.grad, atol=2 * torch.finfo(dtype).eps * 4, rtol=torch.finfo(dtype).eps)
+    # and the gradient of the operator fallback (autograd through upcast, rotate, round)
+    xf = x.detach().clone().requires_grad_()
+    with K.disabled():
+        (apply_rope(xf, pos, layout=layout).double() * w).sum().backward()
+    assert one_ulp_apart(x.grad, xf.grad)
+
+
+@needs_kernel
+def test_kernel_threads_agree_and_special_values_propagate():
+    x = torch.randn(1, 8, 300, 128).bfloat16()  # 307200 elements: several threads
+    x[0, 0, 0, 0], x[0, 0, 1, 5], x[0, 0, 2, 64] = float("nan"), float("inf"), float("-inf")
+    cos, sin = tables(x)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = apply_rope(x)
+        torch.set_num_threads(max(2, threads))
+        many = apply_rope(x)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one.view(torch.int16), many.view(torch.int16))
+    ref = numpy_reference(x, cos, sin, "interleaved")
+    assert torch.equal(one.isnan(), ref.isnan())
+    finite = ~ref.isnan()
+    assert torch.equal(one[finite], ref[finite])
+    assert one[0, 0, 0, :2].isnan().all()  # position 0 rotates by angle 0, but NaN * 0 is NaN: the pair is NaN
+
+
+def test_fused_rope_refuses_what_it_cannot_do():
+    x = torch.randn(2, 5, 8)
+    cos, sin = tables(x)
+    with pytest.raises(ValueError, match="layout must be"):
+        K.fused_rope(x.bfloat16(), cos, sin, "pairs")
+    with pytest.raises(ValueError, match="does not apply here"):
+        K.fused_rope(x, cos, sin, "interleaved")  # float32 input: not the kernel's job
+    assert not K.can_use(x.bfloat16(), cos.double(), sin.double())  # tables must be float32
+    assert not K.can_use(x.bfloat16()[..., ::2].clone()[..., :3], cos[..., :1], sin[..., :1])  # odd head dim
+    assert not K.can_use(x.bfloat16().unsqueeze(0).unsqueeze(0), cos, sin)  # 5 dimensions: the fallback
+    assert not K.can_use(x.bfloat16().to("meta"), cos, sin)
+    assert not K.can_use(x.bfloat16(), cos.requires_grad_(), sin)  # learned angles: autograd through the fallback
+
+
+def test_status_names_the_reason():
+    assert "not used for torch.float32" in K.status(torch.float32)
+    with K.disabled():
+        assert K.status(torch.bfloat16) == "not used: inside helpers.rope_kernel.disabled()"
+        x = torch.randn(4, 8).bfloat16()
+        assert not K.can_use(x, *tables(x))
+
+
+def _run(code: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+
+
+CHILD = """
+import torch
+from helpers import rope_kernel as K
+from helpers.rope import apply_rope
+x = torch.randn(2, 3, 7, 16).bfloat16()
+with K.disabled():
+    ref = apply_rope(x)
+assert torch.equal(apply_rope(x), ref)
+print(K.status(torch.bfloat16))
+"""
+
+
+def test_without_a_working_compiler_apply_rope_falls_back():
+    broken = _run(CHILD, CC="false")  # `false` exists and fails: the compile step fails
+    assert broken.returncode == 0, broken.stderr
+    assert broken.stdout.strip().startswith("not used: compiling the kernel with"), broken.stdout
+    off = _run(CHILD, HELPERS_FUSED_ROPE="0")
+    assert off.returncode == 0, off.stderr
+    assert off.stdout.strip() == "not used: HELPERS_FUSED_ROPE=0"
+
+
+@needs_kernel
+def test_kernel_in_forked_sweep_workers():
+    from helpers.sweep import sweep
+
+    def fn(seed):
+        x = torch.randn(1, 4, 64, 32).bfloat16()
+        with K.disabled():
+            ref = apply_rope(x)
+        return float(torch.equal(apply_rope(x), ref))
+
+    res = sweep(fn, seeds=[0, 1, 2])
+    assert list(res.values()) == [1.0, 1.0, 1.0]
+
+
+@needs_kernel
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")  # torch's own jvp decompositions
+def test_forward_mode_ad_and_vmap():
+    """Forward-mode AD rotates the tangent like the input (the kernel's jvp); vmap gets the fallback."""
+    import torch.autograd.forward_ad as fwAD
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 3, 5, 16, generator=g).bfloat16()
+    t = torch.randn(2, 3, 5, 16, generator=g).bfloat16()
+    with fwAD.dual_level():
+        tangent = fwAD.unpack_dual(apply_rope(fwAD.make_dual(x, t))).tangent
+    assert torch.equal(tangent, apply_rope(t))
+    assert torch.equal(torch.func.vmap(apply_rope)(x), apply_rope(x))
