@@ -3,10 +3,10 @@
 The reference for the forward pass is NumPy float32 arithmetic (each product and sum rounded
 to float32, no fused multiply-add), rounded once to the output dtype by ``Tensor.to``: the
 kernel must equal it bit for bit, on the vectorised part of a row and on its scalar tail
-(head dims 6, 16, 20, 128). The operator fallback (``rope_kernel.disabled()``) must give the
-same bits in the interleaved layout (Meta's upcast-rotate-round) and at most one unit in the
-last place apart in the half layout (PyTorch's ``addcmul_`` may fuse its multiply-add, i.e.
-round once where the kernel rounds twice). The whole-entry-point matrix with the kernel on and
+(head dims 6, 16, 20, 128). The operator fallback (``rope_kernel.disabled()``) must be at
+most one unit in the last place away (PyTorch's vectorised ``addcmul_`` may fuse its
+multiply-add, i.e. round once where the kernel rounds twice; on this AVX2 CPU the
+interleaved fallback, Meta's upcast-rotate-round, gives the same bits). The whole-entry-point matrix with the kernel on and
 off is ``tests/test_rope_matrix_entry_points.py``.
 """
 from __future__ import annotations
@@ -83,10 +83,9 @@ def test_kernel_equals_float32_reference_bit_for_bit(dtype, layout, d, shape):
     assert torch.equal(out, ref), f"max |diff| {(out.float() - ref.float()).abs().max().item()}"
     with K.disabled():
         fallback = apply_rope(x, pos, layout=layout)
-    if layout == "interleaved":
-        assert torch.equal(out, fallback)
-    else:
-        assert one_ulp_apart(out, fallback)
+    # PyTorch's operators may fuse a multiply and an add (one rounding instead of two) on some
+    # CPUs and code paths: never more than one unit in the last place of the output
+    assert one_ulp_apart(out, fallback)
 
 
 @needs_kernel
