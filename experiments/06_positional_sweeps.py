@@ -31,6 +31,10 @@ were not re-run):
   with a linear probe of the position from the first layer's output, the first layer's
   attention on position 0 against 1/(t+1), and the accuracy when attention to position 0 is
   removed in one layer (anchor or sink?).
+* ``t5`` (``t5_run``, seeds 0-7, about 5 min): T5's bucketed relative position bias
+  (:class:`helpers.positional.T5BiasTransformer`, two bucket settings, :data:`T5_SCHEMES`)
+  trained and evaluated exactly as the arms of ``schemes`` (same seeds, data, steps,
+  offsets and lengths), so it pairs with them seed by seed.
 """
 from __future__ import annotations
 
@@ -51,8 +55,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from helpers import LookbackTask, TinyTransformer, evaluate, train  # noqa: E402
-from helpers.positional import (PairRecallTask, accuracy_by_position, init_position_table_,  # noqa: E402
-                                interpolated_positions, use_rope_base)
+from helpers.positional import (PairRecallTask, T5BiasTransformer, accuracy_by_position,  # noqa: E402
+                                init_position_table_, interpolated_positions, use_rope_base)
 from helpers.rope import ntk_scaled_base  # noqa: E402
 from helpers.sweep import first_step_reaching, sweep  # noqa: E402
 
@@ -82,6 +86,13 @@ NOPE_CONFIGS = {
 NOPE_SEEDS = list(range(5))
 NOPE_EVAL_EVERY = 100
 
+# T5's bucketed relative bias (Raffel et al. 2020), added later as part ``t5`` (same seeds, same
+# training, same evaluations as ``schemes``): (num_buckets, max_distance), unidirectional (causal)
+T5_SCHEMES = {
+    "t5": (8, 12),  # distances 0-3 exact; 4-5, 6, 7-9 shared; >= 10 in the last bucket: all trained at L = 16
+    "t5-hf": (32, 128),  # Hugging Face's T5Config defaults: distances 0-15 exact; >= 16 never seen at L = 16
+}
+
 
 def task(name: str, n: int = L):
     """The training task at length ``n``: look back 3 over 8 symbols; pair recall with 6 pairs, n - 6 queries."""
@@ -96,7 +107,12 @@ def val_data(name: str, n: int):
 
 
 def make_model(name: str, scheme: str, seed: int, max_len: int = TABLE) -> TinyTransformer:
-    """One layer, d_model 32, 2 heads; ``learned-0.01`` redraws the table from N(0, 0.01^2) like GPT-2's wpe."""
+    """One layer, d_model 32, 2 heads; ``learned-0.01`` redraws the table from N(0, 0.01^2) like GPT-2's wpe;
+    ``t5``/``t5-hf``: :class:`~helpers.positional.T5BiasTransformer` with :data:`T5_SCHEMES`' buckets."""
+    if scheme in T5_SCHEMES:
+        nb, md = T5_SCHEMES[scheme]
+        return T5BiasTransformer(task(name).vocab_size, d_model=32, num_heads=2, num_layers=1, max_len=max_len,
+                                 num_buckets=nb, max_distance=md, seed=seed)
     model = TinyTransformer(task(name).vocab_size, d_model=32, num_heads=2, num_layers=1, max_len=max_len,
                             pos=scheme.split("-")[0], seed=seed)
     if scheme == "learned-0.01":
@@ -140,9 +156,14 @@ def schemes_run(seed: int, schemes=SCHEMES, tasks=TASK_NAMES) -> dict:
                 grid.append([evaluate(model, vals[n], offset=c, need_weights=False)[1] for c in OFFSETS])
             out[f"{key}/grid"] = grid  # (lengths, offsets)
             out[f"{key}/bypos"] = _nan_to_none(accuracy_by_position(model, vals[4 * L]).tolist())
-            if scheme in ("rope", "alibi") and name == "lookback":
+            if scheme in ("rope", "alibi", *T5_SCHEMES) and name == "lookback":
                 out[f"{key}/far"] = far_weight(model)
     return out
+
+
+def t5_run(seed: int, schemes=tuple(T5_SCHEMES), tasks=TASK_NAMES) -> dict:
+    """:func:`schemes_run` for T5's relative bias (same keys, ``{task}/t5/...``); the other arms are not re-run."""
+    return schemes_run(seed, schemes=list(schemes), tasks=tasks)
 
 
 def stretch_run(seed: int, lrs=FT_LRS, variants=VARIANTS) -> dict:
@@ -331,7 +352,7 @@ def meta() -> dict:
 
 
 PARTS = {"schemes": schemes_run, "stretch": stretch_run, "nope": nope_run, "alias": alias_run,
-         "nope_probe": nope_probe_run}
+         "nope_probe": nope_probe_run, "t5": t5_run}
 PART_SEEDS = {"nope": NOPE_SEEDS, "nope_probe": NOPE_SEEDS}
 
 
@@ -341,7 +362,7 @@ def main(argv=None) -> None:
     ap.add_argument("--seeds", type=int, nargs="*", default=None, help="default: 0-7 (nope: 0-4)")
     args = ap.parse_args(argv)
     new = {}
-    for part in args.part or ["schemes", "stretch", "nope", "alias", "nope_probe"]:
+    for part in args.part or ["schemes", "stretch", "nope", "alias", "nope_probe", "t5"]:
         t0 = time.time()
         res = sweep(PARTS[part], args.seeds if args.seeds is not None else PART_SEEDS.get(part, SEEDS))
         new[part] = {"seeds": list(res.seeds), "runs": res.runs, "meta": meta(), "seconds": round(time.time() - t0)}
@@ -353,7 +374,8 @@ def main(argv=None) -> None:
                          "ft_lrs": FT_LRS, "ft_steps": FT_STEPS, "variants": VARIANTS,
                          "nope_configs": {k: list(v) for k, v in NOPE_CONFIGS.items()},
                          "nope_eval_every": NOPE_EVAL_EVERY, "nope_seeds": NOPE_SEEDS,
-                         "fast_pairs": FAST_PAIRS, "alias_shifts": ALIAS_SHIFTS}
+                         "fast_pairs": FAST_PAIRS, "alias_shifts": ALIAS_SHIFTS,
+                         "t5_schemes": {k: list(v) for k, v in T5_SCHEMES.items()}}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=1, allow_nan=False) + "\n")
     print(f"wrote {RESULTS.relative_to(ROOT)}")

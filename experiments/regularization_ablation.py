@@ -54,10 +54,16 @@ def smoothed_loss(eps: float):
 
 def run(seed: int, arm: str) -> dict:
     """Train one arm at one seed; return its metrics, its validation curve and its circuit scores."""
-    cfg, s = ARMS[arm], SETTINGS
+    return run_config(seed, ARMS[arm])
+
+
+def run_config(seed: int, cfg: dict) -> dict:
+    """Train one configuration (keys ``dropout``, ``attn_dropout``, ``smoothing``, ``weight_decay``, all optional)
+    at one seed; ``experiments/04_attention_dropout.py`` reuses it with attention dropout."""
+    s = SETTINGS
     split = TASK.split(s["n_train"], s["n_val"], seed=seed)
     model = TinyTransformer(TASK.vocab_size, s["d_model"], s["num_heads"], s["num_layers"], TASK.seq_len, pos="rope",
-                            dropout=cfg.get("dropout", 0.0), seed=seed)
+                            dropout=cfg.get("dropout", 0.0), attn_dropout=cfg.get("attn_dropout", 0.0), seed=seed)
     loss_fn = smoothed_loss(cfg["smoothing"]) if "smoothing" in cfg else helpers.cross_entropy_loss
     res = train(model, split, steps=s["steps"], batch_size=s["batch_size"], lr=s["lr"],
                 weight_decay=cfg.get("weight_decay", 0.0), loss_fn=loss_fn, seed=seed, eval_every=s["eval_every"],

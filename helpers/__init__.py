@@ -21,6 +21,9 @@ Modules
 * :mod:`helpers.positional` -- shift, length and RoPE-stretching experiments (notebook 06).
 * :mod:`helpers.hf` -- bridges to Hugging Face ``transformers`` (notebook 07; imports it lazily).
 * :mod:`helpers.kvcache` -- the KV cache and greedy decoding with or without it (notebook 07 §6).
+* :mod:`helpers.flash` -- online softmax, tiled (FlashAttention) forward and recomputation backward,
+  split-K decoding, the allocation counter ``peak_memory`` (notebook 08); its checkers are in
+  :mod:`helpers.practice.flash`.
 * :mod:`helpers.viz` -- figures and slider explorers (no numerics of its own).
 * :mod:`helpers.utils` -- seeding and determinism.
 * :mod:`helpers.roundoff` -- ``roundoff``: how every notebook prints a rounding error (masked by the tests).
@@ -82,6 +85,11 @@ from .practice.positional import (
     check_alibi_slopes, check_sinusoidal, sinusoidal_solution,
 )
 from .practice.kvcache import KV_DECODE_ADVICE, KV_DECODE_MISTAKES, check_kv_decode_step, kv_decode_step_solution
+from .practice.flash import (
+    MERGE_ADVICE, MERGE_MISTAKES, ONLINE_SOFTMAX_ADVICE, ONLINE_SOFTMAX_MISTAKES, check_merge_partials,
+    check_online_softmax_update, merge_partials_solution, online_softmax_update_solution,
+)
+from .flash import flash_attention, flash_attention_forward, merge_attention_partials, peak_memory, split_kv_decode
 from .heads import (
     PruningCurve,
     ablation_importance,
@@ -130,6 +138,10 @@ __all__ = [
     "check_sinusoidal", "sinusoidal_solution", "SINUSOIDAL_MISTAKES", "SINUSOIDAL_ADVICE",
     "check_alibi_slopes", "alibi_slopes_solution", "ALIBI_SLOPES_MISTAKES", "ALIBI_SLOPES_ADVICE",
     "check_kv_decode_step", "kv_decode_step_solution", "KV_DECODE_MISTAKES", "KV_DECODE_ADVICE",
+    "check_online_softmax_update", "online_softmax_update_solution", "ONLINE_SOFTMAX_MISTAKES", "ONLINE_SOFTMAX_ADVICE",
+    "check_merge_partials", "merge_partials_solution", "MERGE_MISTAKES", "MERGE_ADVICE",
+    # flash (notebook 08)
+    "flash_attention", "flash_attention_forward", "merge_attention_partials", "peak_memory", "split_kv_decode",
     # heads
     "PruningCurve", "TwoPositionTask", "ablation_importance", "attention_at_offset", "attention_entropy",
     "attention_maps", "head_importance", "head_outputs", "head_similarity", "induction_score", "label_heads",

@@ -134,7 +134,9 @@ def scaled_dot_product_attention(
     A boolean ``mask`` sets the blocked scores to :math:`-\infty` before the softmax
     (True = allowed); a float mask is added to the scores. A query row whose keys are
     all blocked gets weights 0 and output 0 instead of NaN (the choice of
-    ``F.scaled_dot_product_attention``; see the module docstring).
+    ``F.scaled_dot_product_attention``; see the module docstring). "All blocked" means
+    no True in a bool mask, or only ``-inf`` in a float mask: a finite float mask (such as
+    ``torch.finfo(dtype).min``) is added as it is, and its fully masked rows stay an average.
 
     Args:
         q: ``(..., seq_q, d_k)``.
@@ -178,7 +180,9 @@ def scaled_dot_product_attention(
         else:
             dead = torch.isneginf(mask).all(dim=-1, keepdim=True)
             scores = scores + mask.to(scores.dtype)
-        if bool(dead.any()):
+        # On the meta device there are no values to test: always take the zeroing branch
+        # (same shapes, same result where no row is dead).
+        if dead.device.type == "meta" or bool(dead.any()):
             # Replace the -inf of dead rows by 0 before the softmax so that neither the
             # forward nor the backward pass sees a NaN, then zero their weights.
             scores = scores.masked_fill(dead, 0.0)

@@ -68,6 +68,11 @@ def mha_from_llama(layer: nn.Module, config) -> MultiHeadAttention:
     ``q_proj, k_proj, v_proj, o_proj`` map to ``linear_q, linear_k, linear_v, linear_out``;
     RoPE uses the half layout and ``config.rope_theta``; ``num_key_value_heads`` becomes
     ``num_kv_heads``. Biases are copied when the layer has them (``attention_bias=True``).
+    ``config.attention_dropout`` becomes ``dropout`` (``ValueError`` outside [0, 1)): both apply
+    ``F.dropout`` to the softmax probabilities in training mode only, so with the same torch RNG
+    state the two draw the same mask and give the same outputs. The returned weights differ in
+    training mode with ``dropout > 0``: ``LlamaAttention`` (eager) returns them *after* dropout,
+    :class:`MultiHeadAttention` (like ``nn.MultiheadAttention``) *before*.
 
     RoPE types: ``"default"`` (:math:`\theta_i = \text{rope\_theta}^{-2i/d}`), ``"linear"``
     (every :math:`\theta_i` divided by ``factor``: position interpolation) and ``"llama3"``
@@ -84,7 +89,9 @@ def mha_from_llama(layer: nn.Module, config) -> MultiHeadAttention:
     inv_freq = llama_rope_frequencies(config)  # raises for unsupported rope types
     rope_theta = _rope_theta(config)
     bias = layer.q_proj.bias is not None
-    mha = MultiHeadAttention(d_model, h, bias=bias, rope=True, rope_base=rope_theta, rope_layout="half", num_kv_heads=kv)
+    p_drop = _attention_dropout(config)
+    mha = MultiHeadAttention(d_model, h, bias=bias, rope=True, rope_base=rope_theta, rope_layout="half", num_kv_heads=kv,
+                             dropout=p_drop)
     if _rope_type(config) != "default":
         mha.rope_inv_freq = inv_freq
     with torch.no_grad():
@@ -94,6 +101,15 @@ def mha_from_llama(layer: nn.Module, config) -> MultiHeadAttention:
             if bias:
                 ours.bias.copy_(theirs.bias)
     return mha.to(layer.q_proj.weight.dtype)
+
+
+def _attention_dropout(config) -> float:
+    """``config.attention_dropout`` (``None`` -> 0.0) as a float in [0, 1), else ``ValueError``."""
+    p = getattr(config, "attention_dropout", 0.0)
+    p = 0.0 if p is None else p
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= float(p) < 1.0:
+        raise ValueError(f"config.attention_dropout must be a number in [0, 1), got {p!r}")
+    return float(p)
 
 
 def _rope_type(config) -> str:

@@ -31,6 +31,11 @@ What is here:
   extrapolation starts to fail).
 * :func:`steps_to_accuracy` -- the first evaluation step at which a training run reached a
   target accuracy (from :attr:`helpers.train.TrainResult.history`).
+* :func:`relative_position_bucket`, :func:`t5_bias`, :class:`T5BiasTransformer` -- T5's
+  bucketed relative position bias (Raffel et al. 2020): one learned scalar per (bucket, head)
+  added to the scores, distances 0 .. ``num_buckets//2 - 1`` in buckets of their own, longer
+  ones in logarithmically wider buckets up to ``max_distance``, all beyond in the last one
+  (the bucket function as Hugging Face's ``T5Attention._relative_position_bucket``).
 * :class:`ShiftLengthGrid`, :func:`shift_length_grid` -- accuracies of several models on a
   grid of offsets x lengths, and one attention map per cell: what the notebook's explorer
   shows (precomputed once, deterministically).
@@ -52,6 +57,7 @@ import torch
 from torch import nn
 
 from .attention import MultiHeadAttention
+from .model import TinyTransformer
 from .heads import attention_at_offset
 from .rope import _check_base
 from .tasks import IGNORE_INDEX, PairRecallTask  # PairRecallTask lives in helpers.tasks; re-exported here
@@ -69,6 +75,9 @@ __all__ = [
     "steps_to_accuracy",
     "ShiftLengthGrid",
     "shift_length_grid",
+    "relative_position_bucket",
+    "t5_bias",
+    "T5BiasTransformer",
 ]
 
 Data = tuple[torch.Tensor, torch.Tensor]
@@ -378,3 +387,163 @@ def shift_length_grid(
         acc[scheme], maps[scheme] = a, mp
     tokens = {n: data[n][0][example].tolist() for n in lengths}
     return ShiftLengthGrid(list(models), offsets, lengths, acc, maps, heads, tokens)
+
+
+
+# ------------------------------------------------------------- T5's relative position bias
+def _check_buckets(num_buckets, max_distance, bidirectional) -> int:
+    """Validate T5's bucket settings; return ``max_exact`` (the number of one-distance buckets per direction)."""
+    if not isinstance(bidirectional, bool):
+        raise TypeError(f"bidirectional must be a bool, got {type(bidirectional).__name__}")
+    least = 4 if bidirectional else 2
+    if isinstance(num_buckets, bool) or not isinstance(num_buckets, int) or num_buckets < least or (
+            bidirectional and num_buckets % 2):
+        rule = "an even int >= 4 (half of them per direction)" if bidirectional else "an int >= 2"
+        raise ValueError(f"num_buckets must be {rule} when bidirectional={bidirectional}, got {num_buckets!r}")
+    max_exact = (num_buckets // 2 if bidirectional else num_buckets) // 2
+    if isinstance(max_distance, bool) or not isinstance(max_distance, int) or max_distance <= max_exact:
+        raise ValueError(f"max_distance must be an int > max_exact = {max_exact} (the last exact distance + 1; "
+                         f"the log buckets span max_exact .. max_distance), got {max_distance!r}")
+    return max_exact
+
+
+def relative_position_bucket(relative_position: torch.Tensor, bidirectional: bool = True, num_buckets: int = 32,
+                             max_distance: int = 128) -> torch.Tensor:
+    r"""T5's bucket of each relative position :math:`r = j - i` (key position minus query position).
+
+    Raffel et al. (2020, sec. 2.1) give each bucket of distances one learned scalar per head,
+    added to the attention logits. With ``bidirectional=False`` (a causal decoder) only
+    :math:`r \le 0` counts and :math:`d = \max(-r, 0)` is the distance back; with ``True`` half of
+    the buckets are for keys after the query (:math:`r > 0`) and :math:`d = |r|`. Per direction
+    with :math:`B` buckets (``num_buckets``, halved if bidirectional), :math:`E = \lfloor B/2 \rfloor`
+    and :math:`D` = ``max_distance``:
+
+    .. math:: b(d) = \begin{cases} d & d < E \\
+              \min\!\big(B-1,\ E + \big\lfloor \frac{\ln(d/E)}{\ln(D/E)}\,(B-E) \big\rfloor\big) & d \ge E \end{cases}
+
+    so the distances :math:`E .. D-1` share :math:`B-E` logarithmically wider buckets and every
+    distance :math:`\ge D` lands in the last one. Same arithmetic (float32 log) as Hugging Face's
+    ``T5Attention._relative_position_bucket`` (``transformers/models/t5/modeling_t5.py``), which
+    the tests compare it with.
+
+    Args:
+        relative_position: integer tensor of any shape, :math:`j - i`.
+        bidirectional: False for a causal (decoder) model.
+        num_buckets: :math:`B` in total (T5: 32); an even int >= 4 if bidirectional, else an int >= 2.
+        max_distance: :math:`D` (T5: 128), an int > :math:`E`.
+
+    Returns:
+        long tensor of the same shape, values in ``[0, num_buckets)``.
+    """
+    if not isinstance(relative_position, torch.Tensor) or relative_position.is_floating_point() or \
+            relative_position.is_complex() or relative_position.dtype == torch.bool:
+        raise TypeError("relative_position must be an integer tensor (key position - query position), got "
+                        + (f"dtype {relative_position.dtype}" if isinstance(relative_position, torch.Tensor)
+                           else type(relative_position).__name__))
+    max_exact = _check_buckets(num_buckets, max_distance, bidirectional)
+    r = relative_position.long()
+    buckets = torch.zeros_like(r)
+    per_dir = num_buckets
+    if bidirectional:
+        per_dir = num_buckets // 2
+        buckets = buckets + (r > 0).long() * per_dir
+        d = r.abs()
+    else:
+        d = (-r).clamp_min(0)
+    # the log branch in float32 with a Python-float divisor, as Hugging Face computes it
+    large = max_exact + (torch.log(d.float() / max_exact) / math.log(max_distance / max_exact)
+                         * (per_dir - max_exact)).to(torch.long)
+    large = large.clamp_max(per_dir - 1)
+    return buckets + torch.where(d < max_exact, d, large)
+
+
+def t5_bias(positions: torch.Tensor, table: torch.Tensor, max_distance: int, causal: bool = True) -> torch.Tensor:
+    r"""T5's additive attention bias :math:`\beta_{h,\,b(p_j - p_i)}` from a ``(num_buckets, heads)`` table.
+
+    With ``causal=True`` keys after the query (by index, as :func:`~helpers.attention.causal_mask`)
+    get :math:`-\infty`, and the buckets are unidirectional. It depends on positions only through
+    :math:`p_j - p_i`, so a constant shift of every position changes nothing.
+
+    Args:
+        positions: ``(seq,)`` or ``(batch, seq)`` integer-valued positions.
+        table: ``(num_buckets, heads)`` float tensor (``T5BiasTransformer.rel_bias.weight``);
+            gradients flow into it.
+        max_distance: as in :func:`relative_position_bucket`.
+        causal: unidirectional buckets and the causal mask (True), or bidirectional, no mask.
+
+    Returns:
+        ``(heads, seq, seq)`` or ``(batch, heads, seq, seq)`` in ``table``'s dtype.
+    """
+    if not isinstance(positions, torch.Tensor) or positions.dim() not in (1, 2):
+        raise ValueError(f"positions must be a (seq,) or (batch, seq) tensor, got "
+                         f"{tuple(positions.shape) if isinstance(positions, torch.Tensor) else type(positions).__name__}")
+    if not isinstance(table, torch.Tensor) or table.dim() != 2 or not table.is_floating_point():
+        raise ValueError(f"table must be a (num_buckets, heads) float tensor, got "
+                         f"{tuple(table.shape) if isinstance(table, torch.Tensor) else type(table).__name__}")
+    if positions.is_floating_point():
+        if not bool((positions == positions.round()).all()):
+            raise ValueError("T5's relative bias needs integer positions (buckets of whole distances), "
+                             "got fractional positions (position interpolation is for RoPE)")
+        positions = positions.round()
+    p = positions.long()
+    rel = p[..., None, :] - p[..., :, None]  # (..., seq_q, seq_k): j - i
+    buckets = relative_position_bucket(rel, bidirectional=not causal, num_buckets=table.shape[0],
+                                       max_distance=max_distance)
+    bias = table[buckets]  # (..., seq_q, seq_k, heads)
+    bias = bias.movedim(-1, -3)  # (..., heads, seq_q, seq_k)
+    if causal:
+        n = p.shape[-1]
+        allowed = torch.ones(n, n, dtype=torch.bool, device=p.device).tril()
+        bias = bias.masked_fill(~allowed, float("-inf"))
+    return bias
+
+
+class T5BiasTransformer(TinyTransformer):
+    r"""A :class:`~helpers.model.TinyTransformer` with T5's bucketed relative position bias instead of an encoding.
+
+    No position is added to the embeddings (``pos="none"`` underneath); every layer adds the
+    *same* learned bias :math:`\beta_{h,\,b(j-i)}` (one ``nn.Embedding(num_buckets, num_heads)``
+    shared by the layers, as T5 computes it in its first layer and reuses it) to head
+    :math:`h`'s scaled scores, with unidirectional buckets and the causal mask. The other
+    parameters are drawn exactly as in ``TinyTransformer(..., pos="none", seed=seed)``; the
+    bias table is then drawn from :math:`\mathcal N(0, d_{model}^{-1})` (Hugging Face's T5
+    initialisation, ``std = factor * d_model ** -0.5`` with ``factor = 1``) with a generator
+    seeded by ``seed``. (T5 itself does not scale the query-key product; here the bias is added
+    after the :math:`1/\sqrt{d_k}` of :func:`~helpers.attention.scaled_dot_product_attention`.)
+
+    Args:
+        vocab_size, d_model, num_heads, num_layers, max_len: as :class:`~helpers.model.TinyTransformer`.
+        num_buckets: unidirectional buckets (T5's default 32).
+        max_distance: distances >= this share the last bucket (T5's default 128).
+        seed: as :class:`~helpers.model.TinyTransformer`.
+        **kwargs: other :class:`~helpers.model.TinyTransformer` arguments (not ``pos`` or ``causal``).
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, num_heads: int, num_layers: int, max_len: int,
+                 num_buckets: int = 32, max_distance: int = 128, seed: Optional[int] = None, **kwargs) -> None:
+        for bad in ("pos", "causal"):
+            if bad in kwargs:
+                raise TypeError(f"T5BiasTransformer fixes {bad} (pos='none' plus the bias, causal=True); "
+                                f"do not pass {bad}=")
+        _check_buckets(num_buckets, max_distance, False)
+        super().__init__(vocab_size, d_model, num_heads, num_layers, max_len, pos="none", causal=True, seed=seed,
+                         **kwargs)
+        self.num_buckets, self.max_distance = num_buckets, max_distance
+        self.rel_bias = nn.Embedding(num_buckets, num_heads)
+        gen = torch.Generator()
+        if seed is not None:
+            gen.manual_seed(seed)
+        else:
+            gen.seed()
+        with torch.no_grad():
+            self.rel_bias.weight.copy_(torch.randn(num_buckets, num_heads, generator=gen) * d_model ** -0.5)
+
+    def extra_repr(self) -> str:
+        return (f"pos='t5' (relative bias, num_buckets={self.num_buckets}, max_distance={self.max_distance}), "
+                f"causal=True, norm={self.norm!r}, max_len={self.max_len}")
+
+    def _attention_mask(self, n: int, pos: Optional[torch.Tensor], cache, device) -> torch.Tensor:
+        if cache is not None:
+            raise ValueError("T5BiasTransformer does not support a KV cache (cache= must be None)")
+        p = pos if pos is not None else torch.arange(n, device=device)
+        return t5_bias(p, self.rel_bias.weight, self.max_distance, causal=True)

@@ -6,13 +6,15 @@ Taught in ``notebooks/02_rope_efficient.ipynb`` (§6, *bfloat16 and float16*) an
 Why it exists. In eager PyTorch every element-wise operator is one pass over memory, and
 on a CPU without native bfloat16 arithmetic each pass also converts every element to
 float32 and back. Measured on a 2-core AVX2 CPU at ``(1, 8, 4096, 128)`` (``benchmarks/
-rope_bench.py``): one bfloat16 multiply ``x * 2`` already takes about 2.5x the time of
-``x.clone()``, and the best composition of PyTorch operators for bfloat16 RoPE (upcast,
-rotate in float32, round back, as Meta's Llama does) about 6x; ``torch.compile`` of the
-same formula about 4.5x (half layout) and 7x (interleaved). The rotation itself is
+rope_bench.py``): one bfloat16 multiply ``x * 2`` takes 0.8-2.5x the time of ``x.clone()``,
+the best composition of PyTorch operators for bfloat16 RoPE (upcast, rotate in float32,
+round back, as Meta's Llama does) about 4.7x, and the half layout 8.6x; ``torch.compile``
+of the same formula about 4.5x (half layout) and 7x (interleaved). This kernel: 2.4-3.7x
+(``CONTRIBUTING.md``), about twice as fast as the operators but not at the floor: on two
+cores the widening and rounding cost about as much as the memory traffic. The rotation itself is
 arithmetic on data already in registers; what costs is passes over memory. So this
 module compiles (once per machine, with the system's C compiler, in about 0.3 s) a
-twenty-line C loop that reads each pair once, widens it to float32, rotates it with
+short C loop (about a hundred lines with its AVX2 vector code) that reads each pair once, widens it to float32, rotates it with
 float32 ``cos``/``sin``, rounds once (round to nearest even, as ``Tensor.to`` does) and
 writes it once:
 
@@ -111,21 +113,20 @@ static inline void f_to_h8(uint16_t *p, __m256 f) {
 
 static void run_rows(const job_t *j) {
     const int64_t h = j->D / 2, MS = j->M * j->S;
-    for (int64_t r = j->r0; r < j->r1; ++r) {
+    for (int64_t r = j->r0; r < j->r1; ++r) {  /* rows in memory order of the output */
         const int64_t b = r / MS, m = (r / j->S) % j->M, s = r % j->S;
         const uint16_t *restrict xr = j->x + b * j->xs0 + m * j->xs1 + s * j->xs2;
         const float *restrict c = j->c + b * j->cs0 + m * j->cs1 + s * j->cs2;
         const float *restrict sn = j->s + b * j->cs0 + m * j->cs1 + s * j->cs2;
         uint16_t *restrict o = j->out + r * j->D;
-        const float g = j->sign;
+        const float g = 1.0f;  /* the inverse rotation gets a negated sin table from Python */
         int64_t i = 0;
 #if HAVE_VEC
-        const __m256 gv = _mm256_set1_ps(g);
         if (j->half) {  /* pairs (i, i + d/2): 8 pairs per step */
             for (; i + 8 <= h; i += 8) {
                 __m256 a = j->f16 ? h8_to_f(xr + i) : bf8_to_f(xr + i);
                 __m256 bb = j->f16 ? h8_to_f(xr + i + h) : bf8_to_f(xr + i + h);
-                __m256 cv = _mm256_loadu_ps(c + i), sv = _mm256_mul_ps(gv, _mm256_loadu_ps(sn + i));
+                __m256 cv = _mm256_loadu_ps(c + i), sv = _mm256_loadu_ps(sn + i);
                 __m256 ya = _mm256_sub_ps(_mm256_mul_ps(a, cv), _mm256_mul_ps(bb, sv));
                 __m256 yb = _mm256_add_ps(_mm256_mul_ps(bb, cv), _mm256_mul_ps(a, sv));
                 if (j->f16) { f_to_h8(o + i, ya); f_to_h8(o + i + h, yb); }
@@ -136,7 +137,7 @@ static void run_rows(const job_t *j) {
                 __m256i u = _mm256_loadu_si256((const __m256i *)(xr + 2 * i));
                 __m256 a = _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
                 __m256 bb = _mm256_castsi256_ps(_mm256_and_si256(u, _mm256_set1_epi32((int)0xffff0000u)));
-                __m256 cv = _mm256_loadu_ps(c + i), sv = _mm256_mul_ps(gv, _mm256_loadu_ps(sn + i));
+                __m256 cv = _mm256_loadu_ps(c + i), sv = _mm256_loadu_ps(sn + i);
                 __m256 ya = _mm256_sub_ps(_mm256_mul_ps(a, cv), _mm256_mul_ps(bb, sv));
                 __m256 yb = _mm256_add_ps(_mm256_mul_ps(bb, cv), _mm256_mul_ps(a, sv));
                 __m256i w = _mm256_or_si256(_mm256_srli_epi32(f_round_bf(ya), 16),
@@ -148,7 +149,7 @@ static void run_rows(const job_t *j) {
                                                                         0, (int)0x80000000u, 0, (int)0x80000000u));
             for (; i + 4 <= h; i += 4) {
                 __m256 f = h8_to_f(xr + 2 * i);                       /* a0 b0 a1 b1 a2 b2 a3 b3 */
-                __m128 c4 = _mm_loadu_ps(c + i), s4 = _mm_mul_ps(_mm256_castps256_ps128(gv), _mm_loadu_ps(sn + i));
+                __m128 c4 = _mm_loadu_ps(c + i), s4 = _mm_loadu_ps(sn + i);
                 __m256 cv = _mm256_set_m128(_mm_unpackhi_ps(c4, c4), _mm_unpacklo_ps(c4, c4));
                 __m256 sv = _mm256_set_m128(_mm_unpackhi_ps(s4, s4), _mm_unpacklo_ps(s4, s4));
                 __m256 sw = _mm256_permute_ps(f, 0xB1);                /* b0 a0 b1 a1 ... */
@@ -245,6 +246,23 @@ def _cpu_fingerprint() -> str:
     return flags + platform.machine() + platform.processor()
 
 
+def _private_folder() -> Path:
+    """The folder the compiled kernel is kept in: ``<tmp>/attention-notebooks-kernels-<uid>``, used only
+    if it is a real folder owned by this user and writable by nobody else (a library another user
+    could plant there would run in this process); otherwise a fresh private folder for this process."""
+    folder = Path(tempfile.gettempdir()) / f"attention-notebooks-kernels-{os.getuid() if hasattr(os, 'getuid') else 'u'}"
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(folder)
+        import stat as _stat
+        if _stat.S_ISDIR(st.st_mode) and not _stat.S_ISLNK(st.st_mode) and (
+                not hasattr(os, "getuid") or st.st_uid == os.getuid()) and not (st.st_mode & 0o022):
+            return folder
+    except OSError:
+        pass
+    return Path(tempfile.mkdtemp(prefix="attention-notebooks-kernels-"))
+
+
 def _load() -> Optional[ctypes.CDLL]:
     global _lib, _reason, _tried
     with _lock:
@@ -264,11 +282,10 @@ def _load() -> Optional[ctypes.CDLL]:
             _reason = f"the C compiler {cc} did not run: {err}"
             return None
         key = hashlib.sha256("\0".join([_SOURCE, " ".join(_FLAGS), cc, version, _cpu_fingerprint()]).encode()).hexdigest()[:16]
-        folder = Path(tempfile.gettempdir()) / f"attention-notebooks-kernels-{os.getuid() if hasattr(os, 'getuid') else 'u'}"
+        folder = _private_folder()
         so = folder / f"rope_lowp_{key}.so"
         if not so.exists():
             try:
-                folder.mkdir(mode=0o700, exist_ok=True)
                 with tempfile.TemporaryDirectory(dir=folder) as tmp:
                     src, tmp_so = Path(tmp) / "rope_lowp.c", Path(tmp) / "rope_lowp.so"
                     src.write_text(_SOURCE)
@@ -328,6 +345,14 @@ def status(dtype: torch.dtype = torch.bfloat16) -> str:
     return f"used for {str(dtype).replace('torch.', '')} CPU tensors (C kernel compiled with {Path(_compiler() or 'cc').name})"
 
 
+def _has_tangent(t: torch.Tensor) -> bool:
+    """Whether ``t`` carries a forward-mode AD tangent (``torch.autograd.forward_ad``)."""
+    try:
+        return torch.autograd.forward_ad.unpack_dual(t).tangent is not None
+    except RuntimeError:
+        return False
+
+
 def _is_wrapped(t: torch.Tensor) -> bool:
     check = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None)
     return bool(check(t)) if check is not None else False
@@ -349,15 +374,26 @@ def can_use(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
         return False
     if cos.requires_grad or sin.requires_grad or cos.device.type != "cpu" or sin.device.type != "cpu":
         return False
-    try:
-        if torch.broadcast_shapes(x.shape[:-1] + (x.shape[-1] // 2,), cos.shape) != x.shape[:-1] + (x.shape[-1] // 2,):
-            return False
-    except RuntimeError:
-        return False
-    lib = _load()
-    if lib is None or (x.dtype == torch.float16 and not lib.has_float16()):
+    if _has_tangent(cos) or _has_tangent(sin):
+        return False  # forward-mode AD through the angles (learned frequencies): the fallback differentiates them
+    want = tuple(x.shape[:-1]) + (x.shape[-1] // 2,)
+    have = tuple(cos.shape)
+    if len(have) > len(want) or have[-1:] != want[-1:] or any(h not in (1, w) for h, w in zip(have[::-1], want[::-1])):
+        return False  # cos/sin must broadcast to (..., seq, d/2), one value per pair (the C loop reads d/2 of them)
+    lib = _lib if _lib is not None else _load()
+    if lib is None or (x.dtype == torch.float16 and not _has_f16(lib)):
         return False
     return True
+
+
+_F16: Optional[bool] = None
+
+
+def _has_f16(lib) -> bool:
+    global _F16
+    if _F16 is None:
+        _F16 = bool(lib.has_float16())
+    return _F16
 
 
 def _as4d(t: torch.Tensor, shape4: tuple) -> torch.Tensor:
@@ -368,8 +404,10 @@ def _as4d(t: torch.Tensor, shape4: tuple) -> torch.Tensor:
 
 
 def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: bool, sign: float) -> torch.Tensor:
-    lib = _load()
+    lib = _lib if _lib is not None else _load()
     assert lib is not None
+    if sign < 0:
+        sin = -sin  # the inverse rotation R^T: angle -phi (a table, far smaller than x)
     d = x.shape[-1]
     shape4 = (1,) * (4 - x.dim()) + tuple(x.shape)
     x4 = x
@@ -411,12 +449,13 @@ class _FusedRope(torch.autograd.Function):
         return _launch(x_tangent, cos, sin, ctx.half, 1.0)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad):  # type: ignore[override]
+        # R^T grad = rotation by -phi, itself a _FusedRope: so the backward is differentiable too
+        # (second derivatives, e.g. a gradient penalty, work as on the operator path)
         cos, sin = ctx.saved_tensors
         if grad.stride(-1) != 1:
             grad = grad.contiguous()
-        return _launch(grad, cos, sin, ctx.half, -1.0), None, None, None
+        return _FusedRope.apply(grad, cos, -sin, ctx.half), None, None, None
 
 
 def fused_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:

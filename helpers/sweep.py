@@ -21,6 +21,16 @@ one after another in this process.
 ``fn(seed)`` returns a number or a dict of numbers and sequences (curves). What a worker
 prints is captured (``SweepResult.logs``), not shown; an exception in any seed is
 re-raised as :class:`SweepError` naming the seed and carrying the worker's traceback.
+
+Progress (``progress=``): in a Jupyter kernel a sweep shows one line, updated in place as
+each seed finishes ("sweep: 3 of 8 seeds finished (seeds 0, 1, 4), 14 s"), and removes it
+when the sweep ends. The line lives in a display whose first and last contents are a 1x1
+transparent PNG; only the updates in between carry text. nbval compares a cell's first
+display and ignores updates (``update_display_data``), and it never compares ``image/png``,
+so a notebook's strictly compared outputs are the same with or without the progress line,
+and what ``jupyter nbconvert --execute`` stores (the last content) holds no time and no
+count. Outside a kernel a sweep is silent unless ``progress=True``, which writes one line
+per finished seed to stderr.
 """
 from __future__ import annotations
 
@@ -30,8 +40,10 @@ import math
 import multiprocessing as mp
 import os
 import random
+import sys
+import time
 import traceback
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
@@ -127,6 +139,83 @@ _FN: Optional[Callable[[int], Any]] = None  # set in the parent before forking; 
 def _run_inherited(seed: int):
     assert _FN is not None
     return _run_one(_FN, seed)
+
+
+# A 1x1 transparent PNG: the first and last content of the progress display (see the module docstring).
+_BLANK_PNG = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNgYGBgAAAABQABeqhXUAAAAABJRU5ErkJggg==")
+#: mime types nbval (0.11) never compares (without --nbdime); the progress display's first and last content use only these
+NBVAL_UNCOMPARED = frozenset({"image/png", "image/jpeg"})
+
+
+def _in_jupyter_kernel() -> bool:
+    """True inside an IPython kernel (JupyterLab, nbclient, nbval), not in a terminal IPython or a script."""
+    if "IPython" not in sys.modules:
+        return False
+    try:
+        shell = sys.modules["IPython"].get_ipython()
+    except Exception:  # noqa: BLE001 - an IPython too old or half imported: no kernel for our purpose
+        return False
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+
+
+def _display(bundle: dict, *, display_id: Any = None, update: bool = False) -> Any:
+    """IPython's display of a raw mime bundle (kept in one place so that tests can record it)."""
+    from IPython.display import display, update_display
+    if update:
+        return update_display(bundle, raw=True, display_id=display_id)
+    return display(bundle, raw=True, display_id=True)
+
+
+class _Progress:
+    """How a sweep reports finished seeds: ``"kernel"`` (one display line updated in place, removed at
+    the end), ``"stderr"`` (one line per finished seed) or ``None`` (silent)."""
+
+    def __init__(self, mode: Optional[str], seeds: tuple[int, ...], workers: int):
+        self.mode, self.n, self.workers, self.done = mode, len(seeds), workers, []
+        self.t0 = time.perf_counter()
+        self.handle = None
+        if mode == "kernel":
+            self.handle = _display({"image/png": _BLANK_PNG}, display_id=True)
+            self._show()
+
+    def text(self) -> str:
+        seeds = ", ".join(map(str, self.done))
+        where = f" on {self.workers} worker processes" if self.workers > 1 else ""
+        return (f"sweep: {len(self.done)} of {self.n} seeds finished{where}"
+                + (f" (seed{'s' if len(self.done) > 1 else ''} {seeds})" if self.done else "")
+                + f", {time.perf_counter() - self.t0:.0f} s")
+
+    def _show(self) -> None:
+        text = self.text()
+        html = (f'<progress value="{len(self.done)}" max="{self.n}" style="vertical-align: middle"></progress> '
+                f"<code>{text}</code>")
+        _display({"text/plain": text, "text/html": html}, display_id=self._id(), update=True)
+
+    def _id(self) -> Any:
+        return getattr(self.handle, "display_id", self.handle)
+
+    def seed_done(self, seed: int) -> None:
+        self.done.append(seed)
+        if self.mode == "kernel":
+            self._show()
+        elif self.mode == "stderr":
+            print(self.text(), file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.mode == "kernel" and self.handle is not None:
+            _display({"image/png": _BLANK_PNG}, display_id=self._id(), update=True)
+            self.handle = None
+
+
+def _progress_mode(progress: Optional[bool]) -> Optional[str]:
+    if progress is not None and not isinstance(progress, bool):
+        raise TypeError(f"progress must be True, False or None (None: show progress only in a Jupyter kernel), "
+                        f"got {progress!r} ({type(progress).__name__})")
+    if progress is False:
+        return None
+    if _in_jupyter_kernel():
+        return "kernel"
+    return "stderr" if progress else None
 
 
 @dataclass
@@ -298,6 +387,7 @@ def sweep(
     seeds: Iterable[int],
     *,
     workers: Optional[int] = None,
+    progress: Optional[bool] = None,
 ) -> SweepResult:
     r"""Run ``fn(seed)`` for every seed, in parallel worker processes where cores allow.
 
@@ -312,12 +402,17 @@ def sweep(
         seeds: distinct non-negative ints, at least one.
         workers: processes to use; ``None``: ``min(len(seeds), available_cores())``;
             ``1``: one after another in this process.
+        progress: ``None`` (default): in a Jupyter kernel, one line updated in place as each
+            seed finishes ("sweep: 3 of 8 seeds finished ..., 14 s"), removed when the sweep
+            ends, so nothing of it is saved in the notebook; elsewhere silent. ``True``: the
+            same in a kernel, one line per finished seed on stderr elsewhere. ``False``: silent.
 
     Returns:
         :class:`SweepResult` with one record per seed, in the order of ``seeds``.
 
     Raises:
         ValueError: for bad ``seeds`` or ``workers``.
+        TypeError: ``fn`` is not callable, or ``progress`` is not ``True``, ``False`` or ``None``.
         SweepError: when ``fn`` raised for a seed (the first such seed in ``seeds`` order).
     """
     if not callable(fn):
@@ -338,25 +433,38 @@ def sweep(
     workers = min(workers, len(seeds))
     if workers > 1 and "fork" not in mp.get_all_start_methods():
         workers = 1
+    mode = _progress_mode(progress)
 
-    if workers == 1:
-        states = (random.getstate(), np.random.get_state(), torch.random.get_rng_state(), torch.get_num_threads())
-        try:
-            outs = [_run_one(fn, s) for s in seeds]
-        finally:
-            random.setstate(states[0])
-            np.random.set_state(states[1])
-            torch.random.set_rng_state(states[2])
-            torch.set_num_threads(states[3])
-    else:
-        global _FN
-        _FN = fn
-        try:
-            ctx = mp.get_context("fork")
-            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init) as pool:
-                outs = list(pool.map(_run_inherited, seeds))
-        finally:
-            _FN = None
+    report = _Progress(mode, seeds, workers)
+    try:
+        if workers == 1:
+            states = (random.getstate(), np.random.get_state(), torch.random.get_rng_state(), torch.get_num_threads())
+            try:
+                outs = []
+                for s in seeds:
+                    outs.append(_run_one(fn, s))
+                    report.seed_done(s)
+            finally:
+                random.setstate(states[0])
+                np.random.set_state(states[1])
+                torch.random.set_rng_state(states[2])
+                torch.set_num_threads(states[3])
+        else:
+            global _FN
+            _FN = fn
+            try:
+                ctx = mp.get_context("fork")
+                with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init) as pool:
+                    futures = {pool.submit(_run_inherited, s): s for s in seeds}
+                    by_seed = {}
+                    for fut in as_completed(futures):
+                        by_seed[futures[fut]] = fut.result()
+                        report.seed_done(futures[fut])
+                outs = [by_seed[s] for s in seeds]
+            finally:
+                _FN = None
+    finally:
+        report.close()
 
     runs, logs = [], []
     for seed, rec, log, err in outs:

@@ -104,6 +104,28 @@ def test_sdpa_fully_masked_row_is_zero_not_nan():
     torch.testing.assert_close(scaled_dot_product_attention(q, k, v, mask=fmask)[0], out)
 
 
+
+@pytest.mark.parametrize("mask_kind", ["bool", "float"])
+def test_sdpa_and_mha_with_a_mask_on_meta(mask_kind):
+    # REVIEW check 10: shapes propagate on the meta device with a mask too (no Tensor.item()).
+    q, k, v = (torch.empty(2, 4, 5, 8, device="meta") for _ in range(3))
+    mask = causal_mask(5, device="meta")
+    if mask_kind == "float":
+        mask = torch.zeros(5, 5, device="meta").masked_fill(~mask, float("-inf"))
+    out, w = scaled_dot_product_attention(q, k, v, mask=mask)
+    assert out.device.type == "meta" and out.shape == (2, 4, 5, 8) and w.shape == (2, 4, 5, 5)
+    mha = MultiHeadAttention(16, 4).to("meta")
+    x = torch.empty(2, 5, 16, device="meta")
+    for need_weights in (True, False):
+        y, wy = mha(x, mask=causal_mask(5, device="meta"), need_weights=need_weights)
+        assert y.device.type == "meta" and y.shape == (2, 5, 16)
+        assert (wy.shape == (2, 4, 5, 5)) if need_weights else wy is None
+    # and on a real device the zeroing branch gives the same numbers as before (dead row -> 0)
+    real = torch.tensor([[True, False], [False, False]])
+    qr = _randn(1, 2, 3)
+    out_r, w_r = scaled_dot_product_attention(qr, qr, qr, mask=real)
+    assert torch.equal(w_r[0, 1], torch.zeros(2)) and torch.equal(w_r[0, 0], torch.tensor([1.0, 0.0]))
+
 def test_sdpa_dropout():
     q, k, v = _randn(2, 8, 4), _randn(2, 8, 4, seed=1), _randn(2, 8, 4, seed=2)
     out0, w0 = scaled_dot_product_attention(q, k, v)

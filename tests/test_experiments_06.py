@@ -90,3 +90,27 @@ def test_nope_probe_two_seeds_fall_inside_the_committed_spread(exp, results):
             vals = np.array([r[key] for r in committed])
             margin = 0.1 if "r2" in key or "corr" in key else 0.05
             assert vals.min() - margin <= rec[key] <= vals.max() + margin, (seed, key, rec[key], vals)
+
+
+def test_t5_part_is_complete_and_the_other_arms_were_not_re_run(exp, results):
+    assert results["t5"]["seeds"] == exp.SEEDS and {"torch", "cpu_capability", "machine"} <= set(results["t5"]["meta"])
+    assert results["config"]["t5_schemes"] == {k: list(v) for k, v in exp.T5_SCHEMES.items()}
+    for rec in results["t5"]["runs"]:
+        for name in exp.TASK_NAMES:
+            for s in exp.T5_SCHEMES:
+                grid = rec[f"{name}/{s}/grid"]
+                assert len(grid) == len(exp.LENGTHS) and all(len(r) == len(exp.OFFSETS) for r in grid)
+                assert len(rec[f"{name}/{s}/bypos"]) == 4 * exp.L
+        assert not any(k.split("/")[1] in exp.SCHEMES for k in rec)  # only the new arms are in this part
+
+
+@pytest.mark.parametrize("seed", [3])
+def test_t5_one_seed_falls_inside_the_committed_spread(exp, results, seed):
+    helpers.seed_everything(seed)
+    fresh = exp.t5_run(seed, schemes=("t5",), tasks=("lookback",))
+    committed = results["t5"]["runs"]
+    vals = np.array([r["lookback/t5/acc"] for r in committed])
+    assert vals.min() - 0.03 <= fresh["lookback/t5/acc"] <= vals.max() + 0.03
+    vals = np.array([r["lookback/t5/grid"] for r in committed])  # (seeds, lengths, offsets)
+    got = np.array(fresh["lookback/t5/grid"])
+    assert np.all(got >= vals.min(0) - 0.05) and np.all(got <= vals.max(0) + 0.05)

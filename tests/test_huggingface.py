@@ -16,7 +16,7 @@ transformers = pytest.importorskip("transformers")
 from transformers import LlamaConfig  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding  # noqa: E402
 
-from helpers import apply_rope, interleaved_to_half  # noqa: E402
+from helpers import apply_rope, causal_mask, interleaved_to_half  # noqa: E402
 from helpers.hf import hf_permute_for_rope, llama_causal_mask, llama_rope, mha_from_llama  # noqa: E402
 
 
@@ -71,6 +71,45 @@ def test_llama_attention_equals_multi_head_attention(heads, kv_heads, theta):
         out, w = ours(x, mask=torch.ones(L, L, dtype=torch.bool).tril())
     torch.testing.assert_close(out, theirs, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(w, w_theirs, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_mha_from_llama_carries_attention_dropout(kv_heads):
+    """attention_dropout > 0 is carried over: in training mode, with the same RNG state, the outputs
+    equal HF's (the same F.dropout mask on the probabilities); HF returns the weights after dropout,
+    the series' module before (rows sum to 1); in eval mode nothing is dropped."""
+    cfg = _config(kv_heads=kv_heads)
+    cfg.attention_dropout = 0.5
+    torch.manual_seed(0)
+    layer = LlamaAttention(cfg, layer_idx=0).train()
+    ours = mha_from_llama(layer, cfg).train()
+    assert ours.dropout == 0.5
+    assert mha_from_llama(LlamaAttention(_config(), layer_idx=0), _config()).dropout == 0.0
+    x = torch.randn(2, 10, 64, generator=torch.Generator().manual_seed(1))
+    pe = LlamaRotaryEmbedding(cfg)(x, torch.arange(10).expand(2, 10))
+    torch.manual_seed(5)
+    out_hf, w_hf = layer(x, position_embeddings=pe, attention_mask=llama_causal_mask(2, 10))
+    torch.manual_seed(5)
+    out_ours, w_ours = ours(x, mask=causal_mask(10))
+    torch.testing.assert_close(out_ours, out_hf, atol=1e-5, rtol=1e-5)
+    kept = w_hf != 0
+    assert (~kept & (w_ours > 0)).any()                                   # some probabilities were dropped
+    torch.testing.assert_close(w_hf, torch.where(kept, 2 * w_ours, torch.zeros_like(w_ours)))  # after vs before dropout
+    torch.testing.assert_close(w_ours.sum(-1), torch.ones(2, 4, 10))
+    torch.manual_seed(6)
+    other, _ = ours(x, mask=causal_mask(10))
+    assert (other - out_hf).abs().max() > 1e-3                             # another mask: another output (not a no-op)
+    with torch.no_grad():
+        eval_hf, _ = layer.eval()(x, position_embeddings=pe, attention_mask=llama_causal_mask(2, 10))
+        torch.testing.assert_close(ours.eval()(x, mask=causal_mask(10))[0], eval_hf, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bad", [1.0, -0.1, 1.5])
+def test_mha_from_llama_refuses_bad_attention_dropout(bad):
+    cfg = _config()
+    cfg.attention_dropout = bad
+    with pytest.raises(ValueError, match=r"config.attention_dropout must be a number in \[0, 1\), got"):
+        mha_from_llama(LlamaAttention(_config(), layer_idx=0), cfg)
 
 
 def test_llama_causal_mask_equals_the_mask_hf_passes_to_attention():

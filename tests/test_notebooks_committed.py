@@ -248,3 +248,36 @@ def test_trained_digit_detector(cells, caught):
 ])
 def test_roundoff_position_detector(line, bad):
     assert bool(roundoff_position_asserts(line)) == bad
+
+
+# --------------------------------------------------------------------------------------------------
+# Issue 23: one Exercises section per notebook, one numbering (03 once had exercises 8a/8b in its §8 and
+# "Exercises 1-5" again in its Takeaways). The solutions themselves are checked by tests/test_solutions.py.
+
+_EXERCISES_HEADING = re.compile(r"^#{1,6}\s+(?:\d+[a-z]?\.?\s+)?Exercises\b.*$", re.IGNORECASE | re.MULTILINE)
+
+
+def exercises_headings(nb: dict) -> list[str]:
+    """The markdown headings that open an Exercises section ("## Exercises", "## 8. Exercises: ..."); a
+    deeper heading inside the first such section ("### Exercises 3-6" under "## Exercises") is a part of it."""
+    found = [m.group(0).strip() for c in nb["cells"] if c["cell_type"] == "markdown"
+             for m in _EXERCISES_HEADING.finditer("".join(c["source"]))]
+    if not found:
+        return []
+    level = len(found[0]) - len(found[0].lstrip("#"))
+    return [found[0]] + [h for h in found[1:] if len(h) - len(h.lstrip("#")) <= level]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_one_exercises_section(path: Path):
+    headings = exercises_headings(json.loads(path.read_text(encoding="utf-8")))
+    assert len(headings) == 1, f"{path.name}: expected one Exercises section, found {len(headings)}: {headings}"
+
+
+def test_exercises_heading_detector():
+    nb = {"cells": [{"cell_type": "markdown", "source": "## 8. Exercises: write attention from memory\ntext"},
+                    {"cell_type": "markdown", "source": ["intro\n", "## Exercises\n", "### Exercise 1: x"]},
+                    {"cell_type": "code", "source": "# Exercises"},
+                    {"cell_type": "markdown", "source": "The exercises below ...\n#### Exercise 2\n### Exercises 3-6"}]}
+    assert exercises_headings(nb) == ["## 8. Exercises: write attention from memory", "## Exercises"]
+    assert exercises_headings({"cells": nb["cells"][1:]}) == ["## Exercises"]

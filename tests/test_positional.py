@@ -456,3 +456,161 @@ def test_pair_recall_task_lives_in_tasks_and_is_re_exported():
 
     assert PairRecallTask is helpers.tasks.PairRecallTask is helpers.PairRecallTask
     assert "PairRecallTask" in helpers.tasks.__all__
+
+
+# ------------------------------------------------------------- T5's relative position bias
+from helpers.positional import T5BiasTransformer, relative_position_bucket, t5_bias  # noqa: E402
+
+T5_SETTINGS = [(True, 32, 128), (False, 32, 128), (False, 8, 12), (True, 8, 12), (False, 2, 3), (True, 4, 5),
+               (False, 16, 64), (True, 64, 1000)]
+
+
+def _hf_bucket():
+    modeling_t5 = pytest.importorskip("transformers.models.t5.modeling_t5")
+    return modeling_t5.T5Attention._relative_position_bucket
+
+
+@pytest.mark.parametrize("bidirectional, num_buckets, max_distance", T5_SETTINGS)
+def test_relative_position_bucket_equals_hugging_face(bidirectional, num_buckets, max_distance):
+    r = torch.arange(-3000, 3001)
+    ours = relative_position_bucket(r, bidirectional, num_buckets, max_distance)
+    ref = _hf_bucket()(r, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance)
+    assert ours.dtype == torch.long and torch.equal(ours, ref.long())
+    assert int(ours.min()) >= 0 and int(ours.max()) == num_buckets - 1
+
+
+@FAST
+@given(st.booleans(), st.integers(1, 40), st.integers(1, 300), st.integers(-2000, 2000))
+def test_relative_position_bucket_equals_hugging_face_property(bidirectional, half, extra, r0):
+    nb = 2 * half + (2 if bidirectional else 0)
+    max_exact = (nb // 2 if bidirectional else nb) // 2
+    md = max_exact + extra
+    r = torch.arange(r0 - 50, r0 + 50).reshape(10, 10)  # any shape
+    assert torch.equal(relative_position_bucket(r, bidirectional, nb, md),
+                       _hf_bucket()(r, bidirectional=bidirectional, num_buckets=nb, max_distance=md).long())
+
+
+def test_relative_position_bucket_against_the_formula_written_out():
+    # causal, 8 buckets, max_distance 12: E = 4 exact distances, then 4 + floor(ln(d/4)/ln(3) * 4), capped at 7
+    def ref(d):
+        return d if d < 4 else min(7, 4 + int(math.floor(math.log(d / 4) / math.log(3) * 4)))
+    d = torch.arange(0, 200)
+    assert relative_position_bucket(-d, False, 8, 12).tolist() == [ref(int(v)) for v in d]
+    assert relative_position_bucket(-d[:20], False, 8, 12).tolist() == [0, 1, 2, 3, 4, 4, 5, 6, 6, 6] + [7] * 10
+    # keys after the query (r > 0) all share bucket 0 when causal; bidirectional puts them in the upper half
+    assert relative_position_bucket(torch.arange(1, 30), False, 8, 12).eq(0).all()
+    up = relative_position_bucket(torch.arange(1, 30), True, 16, 12)
+    assert up.ge(8).all() and torch.equal(up - 8, relative_position_bucket(-torch.arange(1, 30), True, 16, 12))
+
+
+@pytest.mark.parametrize("kwargs, exc, msg", [
+    (dict(relative_position=torch.arange(3.0)), TypeError, "relative_position must be an integer tensor"),
+    (dict(relative_position=[0, 1]), TypeError, "relative_position must be an integer tensor"),
+    (dict(relative_position=torch.tensor([True])), TypeError, "relative_position must be an integer tensor"),
+    (dict(relative_position=torch.arange(3), bidirectional=1), TypeError, "bidirectional must be a bool"),
+    (dict(relative_position=torch.arange(3), num_buckets=1, bidirectional=False), ValueError, "num_buckets must be an int >= 2"),
+    (dict(relative_position=torch.arange(3), num_buckets=7), ValueError, "num_buckets must be an even int >= 4"),
+    (dict(relative_position=torch.arange(3), num_buckets=2.0), ValueError, "num_buckets must be"),
+    (dict(relative_position=torch.arange(3), num_buckets=32, max_distance=8), ValueError, "max_distance must be an int > max_exact = 8"),
+    (dict(relative_position=torch.arange(3), num_buckets=8, max_distance=4, bidirectional=False), ValueError,
+     "max_distance must be an int > max_exact = 4"),
+    (dict(relative_position=torch.arange(3), max_distance=128.0), ValueError, "max_distance must be"),
+])
+def test_relative_position_bucket_errors(kwargs, exc, msg):
+    with pytest.raises(exc, match=msg):
+        relative_position_bucket(**kwargs)
+
+
+def test_t5_bias_against_a_loop_and_hugging_face_compute_bias():
+    table = torch.randn(8, 2, generator=torch.Generator().manual_seed(0))
+    n = 40
+    bias = t5_bias(torch.arange(n), table, 12)
+    assert bias.shape == (2, n, n) and bias.dtype == table.dtype
+    for i in range(n):
+        for j in range(n):
+            if j > i:
+                assert torch.isneginf(bias[:, i, j]).all()
+            else:
+                b = int(relative_position_bucket(torch.tensor(j - i), False, 8, 12))
+                assert torch.equal(bias[:, i, j], table[b])
+    modeling_t5 = pytest.importorskip("transformers.models.t5.modeling_t5")
+    from transformers import T5Config
+
+    cfg = T5Config(d_model=32, d_kv=16, num_heads=2, relative_attention_num_buckets=8,
+                   relative_attention_max_distance=12, is_decoder=True)
+    attn = modeling_t5.T5Attention(cfg, has_relative_attention_bias=True, layer_idx=0)
+    with torch.no_grad():
+        attn.relative_attention_bias.weight.copy_(table)
+        ref = attn.compute_bias(n, n)[0]  # (heads, n, n), no mask
+    keep = torch.ones(n, n, dtype=torch.bool).tril()
+    torch.testing.assert_close(bias[:, keep], ref[:, keep], atol=0, rtol=0)
+    # bidirectional: HF's encoder bias everywhere
+    cfg_enc = T5Config(d_model=32, d_kv=16, num_heads=2, relative_attention_num_buckets=8,
+                       relative_attention_max_distance=12, is_decoder=False)
+    enc = modeling_t5.T5Attention(cfg_enc, has_relative_attention_bias=True, layer_idx=0)
+    with torch.no_grad():
+        enc.relative_attention_bias.weight.copy_(table)
+        torch.testing.assert_close(t5_bias(torch.arange(n), table, 12, causal=False), enc.compute_bias(n, n)[0],
+                                   atol=0, rtol=0)
+
+
+def test_t5_bias_shift_batch_and_errors():
+    table = torch.randn(32, 3, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    p = torch.arange(20)
+    assert torch.equal(t5_bias(p + 1000, table, 128), t5_bias(p, table, 128))
+    assert torch.equal(t5_bias(p.double() + 7, table, 128), t5_bias(p, table, 128))  # integer-valued floats are fine
+    batch = t5_bias(torch.stack([p, p + 5]), table, 128)
+    assert batch.shape == (2, 3, 20, 20) and torch.equal(batch[1], batch[0])
+    t5_bias(p, table, 128).masked_fill(torch.ones(20, 20, dtype=torch.bool).triu(1), 0).sum().backward()
+    assert table.grad is not None and table.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="integer positions"):
+        t5_bias(torch.arange(20) / 2, table, 128)
+    with pytest.raises(ValueError, match="positions must be a"):
+        t5_bias(torch.zeros(2, 2, 2), table, 128)
+    with pytest.raises(ValueError, match="table must be a"):
+        t5_bias(p, torch.zeros(32), 128)
+    with pytest.raises(ValueError, match="table must be a"):
+        t5_bias(p, torch.zeros(32, 2, dtype=torch.long), 128)
+
+
+def test_t5_bias_transformer_matches_an_inline_forward():
+    model = T5BiasTransformer(10, 32, 2, 2, max_len=64, num_buckets=8, max_distance=12, seed=3).double()
+    plain = TinyTransformer(10, 32, 2, 2, max_len=64, pos="none", seed=3).double()
+    ours = dict(model.named_parameters())
+    assert set(ours) - set(dict(plain.named_parameters())) == {"rel_bias.weight"}
+    for name, p in plain.named_parameters():
+        assert torch.equal(ours[name], p), name  # the rest is drawn exactly as pos="none"
+    assert model.rel_bias.weight.std().item() == pytest.approx(32 ** -0.5, rel=0.5)
+    x = torch.randint(0, 10, (3, 30), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out = model(x)
+        blk, h = model.blocks[0], model.blocks[0].ln1(model.tok_emb(x))
+        q, k = blk.attn.split_heads(blk.attn.linear_q(h)), blk.attn.split_heads(blk.attn.linear_k(h))
+        s = q @ k.transpose(-2, -1) / math.sqrt(16) + t5_bias(torch.arange(30), model.rel_bias.weight, 12)
+        torch.testing.assert_close(model.attention_weights[0], torch.softmax(s, -1))
+        # relative: the logits do not depend on a shift of every position
+        torch.testing.assert_close(model(x, offset=500), out, atol=1e-12, rtol=0)
+    assert "num_buckets=8, max_distance=12" in repr(model)
+
+
+def test_t5_bias_transformer_trains_its_bias_and_errors():
+    task = LookbackTask(num_symbols=8, seq_len=16, k=3)
+    model = T5BiasTransformer(task.vocab_size, 32, 2, 1, max_len=64, num_buckets=8, max_distance=12, seed=0)
+    before = model.rel_bias.weight.detach().clone()
+    train(model, task, steps=5, lr=1e-2, seed=0, n_train=64, n_val=16, eval_every=5)
+    assert not torch.equal(model.rel_bias.weight, before)
+    again = T5BiasTransformer(task.vocab_size, 32, 2, 1, max_len=64, num_buckets=8, max_distance=12, seed=0)
+    assert torch.equal(again.rel_bias.weight, before)  # seeded
+    with pytest.raises(TypeError, match="do not pass pos="):
+        T5BiasTransformer(8, 32, 2, 1, 64, pos="rope")
+    with pytest.raises(TypeError, match="do not pass causal="):
+        T5BiasTransformer(8, 32, 2, 1, 64, causal=False)
+    with pytest.raises(ValueError, match="max_distance must be an int > max_exact = 16"):
+        T5BiasTransformer(8, 32, 2, 1, 64, num_buckets=32, max_distance=10)
+    with pytest.raises(ValueError, match="num_buckets must be an int >= 2"):
+        T5BiasTransformer(8, 32, 2, 1, 64, num_buckets=1)
+    with pytest.raises(ValueError, match="integer positions"):
+        model(torch.zeros(1, 4, dtype=torch.long), positions=torch.arange(4) / 2)
+    from helpers.kvcache import KVCache
+    with pytest.raises(ValueError, match="does not support a KV cache"):
+        model(torch.zeros(1, 4, dtype=torch.long), cache=KVCache(1))

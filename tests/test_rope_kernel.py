@@ -50,9 +50,9 @@ def tables(x: torch.Tensor, positions=None):
 
 
 def one_ulp_apart(a: torch.Tensor, b: torch.Tensor) -> bool:
-    eps = torch.finfo(a.dtype).eps
-    diff = (a.float() - b.float()).abs()
-    return bool((diff <= eps * torch.maximum(a.float().abs(), b.float().abs()) + torch.finfo(a.dtype).tiny).all())
+    fi = torch.finfo(a.dtype)
+    ulp = torch.clamp(fi.eps * torch.maximum(a.float().abs(), b.float().abs()), min=fi.tiny * fi.eps)  # subnormal spacing
+    return bool(((a.float() - b.float()).abs() <= ulp).all())
 
 
 @needs_kernel
@@ -204,3 +204,66 @@ def test_forward_mode_ad_and_vmap():
         tangent = fwAD.unpack_dual(apply_rope(fwAD.make_dual(x, t))).tangent
     assert torch.equal(tangent, apply_rope(t))
     assert torch.equal(torch.func.vmap(apply_rope)(x), apply_rope(x))
+
+
+def test_tables_must_hold_one_value_per_pair():
+    """A (seq, 1) table broadcasts in PyTorch but the C loop reads d/2 values per row: refused."""
+    x = torch.randn(2, 7, 16).bfloat16()
+    cos, sin = tables(x)
+    assert K.can_use(x, cos, sin)
+    assert not K.can_use(x, cos[..., :1], sin[..., :1])
+    with pytest.raises(ValueError, match="does not apply here"):
+        K.fused_rope(x, cos[..., :1].contiguous(), sin[..., :1].contiguous(), "interleaved")
+
+
+@needs_kernel
+def test_nan_in_a_table_stays_nan():
+    x = torch.randn(1, 3, 16).bfloat16()
+    cos, sin = tables(x)
+    cos = cos.clone()
+    cos.view(torch.int32)[1, 2] = 0x7FFFFFFF  # a NaN whose low half is not zero
+    out = K.fused_rope(x, cos, sin, "interleaved")
+    assert out[0, 1, 4:6].isnan().all() and not out[0, 0].isnan().any()
+
+
+@needs_kernel
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+def test_second_derivatives_and_angle_tangents_match_the_fallback():
+    import torch.autograd.forward_ad as fwAD
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 2, 6, 16, generator=g).bfloat16()
+    pos = torch.arange(6) + 7
+
+    def grad_penalty():
+        xr = x.clone().requires_grad_()
+        y = apply_rope(xr, pos)
+        (gx,) = torch.autograd.grad(y.float().square().sum(), xr, create_graph=True)
+        (ggx,) = torch.autograd.grad(gx.float().square().sum(), xr)
+        return ggx
+
+    fused = grad_penalty()
+    with K.disabled():
+        ops = grad_penalty()
+    assert one_ulp_apart(fused, ops) or torch.allclose(fused.float(), ops.float(), rtol=2e-2, atol=2e-2)
+    theta = R.rope_frequencies(16)
+    tangent = torch.randn(8, generator=g)
+    results = []
+    for ctx in (K.disabled, lambda: __import__("contextlib").nullcontext()):
+        with ctx(), fwAD.dual_level():
+            out = apply_rope(x, pos, frequencies=fwAD.make_dual(theta, tangent))
+            results.append(fwAD.unpack_dual(out).tangent)
+    assert results[1] is not None and results[1].abs().max() > 0.1  # the angles' tangent is not dropped
+    torch.testing.assert_close(results[1].float(), results[0].float(), atol=0.1, rtol=0.05)
+
+
+def test_cache_folder_must_be_private(tmp_path, monkeypatch):
+    monkeypatch.setattr(K.tempfile, "gettempdir", lambda: str(tmp_path))
+    uid = os.getuid() if hasattr(os, "getuid") else "u"
+    shared = tmp_path / f"attention-notebooks-kernels-{uid}"
+    shared.mkdir(mode=0o777)
+    os.chmod(shared, 0o777)  # writable by others: not used
+    chosen = K._private_folder()
+    assert chosen != shared and chosen.parent == tmp_path and (os.stat(chosen).st_mode & 0o077) == 0
+    os.chmod(shared, 0o700)
+    assert K._private_folder() == shared

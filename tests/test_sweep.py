@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import os
 import random
 
 import numpy as np
@@ -256,3 +257,104 @@ def test_paired_and_censored_figures():
 def time_to_threshold_for(values, budget):
     from helpers.stats import time_to_threshold
     return time_to_threshold(values, budget)
+
+
+# --------------------------------------------------------------------------------------------------
+# Progress (issue 23): a line a learner sees while the seeds run, and nothing nbval would compare.
+
+import importlib  # noqa: E402
+
+sweep_module = importlib.import_module("helpers.sweep")  # the module: `helpers.sweep` is also the function
+
+
+def _quick(seed):
+    return float(seed)
+
+
+@pytest.mark.parametrize("bad", [1, 0, "yes", 1.0])
+def test_progress_must_be_a_bool_or_none(bad):
+    with pytest.raises(TypeError, match=r"progress must be True, False or None .*got " + repr(bad).replace(".", r"\.")):
+        sweep(_quick, [0], workers=1, progress=bad)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_progress_outside_a_kernel(capsys, workers):
+    sweep(_quick, [0, 1, 2], workers=workers)                      # default: silent outside a kernel
+    sweep(_quick, [0, 1, 2], workers=workers, progress=False)
+    assert capsys.readouterr() == ("", "")
+    res = sweep(_quick, [0, 1, 2], workers=workers, progress=True)  # asked for: one line per seed on stderr
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert out == "" and len(lines) == 3, err
+    assert [line.split(" seeds finished")[0] for line in lines] == [f"sweep: {k} of 3" for k in (1, 2, 3)]
+    assert sorted(int(s) for s in lines[-1].split("(seeds ")[1].split(")")[0].split(", ")) == [0, 1, 2]
+    assert res.values().tolist() == [0.0, 1.0, 2.0]                # results still in the order of the seeds
+
+
+def test_progress_in_a_kernel_starts_and_ends_with_what_nbval_never_compares(monkeypatch):
+    shown = []
+    monkeypatch.setattr(sweep_module, "_in_jupyter_kernel", lambda: True)
+    monkeypatch.setattr(sweep_module, "_display",
+                        lambda bundle, display_id=None, update=False: shown.append((update, bundle)) or "handle-1")
+    sweep(_quick, [4, 5], workers=1)
+    updates = [b for u, b in shown]
+    assert [u for u, _ in shown] == [False, True, True, True, True]   # one display, then updates in place
+    assert set(updates[0]) <= sweep_module.NBVAL_UNCOMPARED and updates[-1] == updates[0]
+    texts = [b["text/plain"] for b in updates[1:-1]]
+    assert [t.split(",")[0] for t in texts] == ["sweep: 0 of 2 seeds finished", "sweep: 1 of 2 seeds finished (seed 4)",
+                                                "sweep: 2 of 2 seeds finished (seeds 4"]
+    assert '<progress value="2" max="2"' in updates[-2]["text/html"]
+    shown.clear()
+    with pytest.raises(SweepError):                                     # an error still removes the line
+        sweep(_fails_on_two, [2], workers=1)
+    assert shown[-1][1] == shown[0][1]
+    shown.clear()
+    sweep(_quick, [0], workers=1, progress=False)
+    assert shown == []
+
+
+def test_the_progress_png_is_one_transparent_pixel():
+    import base64
+    import io
+    from PIL import Image
+    img = Image.open(io.BytesIO(base64.b64decode(sweep_module._BLANK_PNG)))
+    assert img.size == (1, 1) and img.convert("RGBA").getpixel((0, 0))[3] == 0
+
+
+def test_in_jupyter_kernel_is_false_here():
+    assert sweep_module._in_jupyter_kernel() is False
+
+
+def test_a_notebook_passes_nbval_with_and_without_the_progress_output(tmp_path):
+    """End to end, in real kernels: execute two sweep cells with nbclient (as `jupyter nbconvert --execute`
+    does), check that what it stored of each progress line is the blank PNG (no count, no time), remove
+    the second cell's progress output (a cell committed before sweeps showed progress), and run nbval
+    (strict) on the notebook: both cells pass."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("nbval")
+    root = Path(__file__).resolve().parents[1]
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("from helpers.sweep import sweep\n"
+                                          "res = sweep(lambda s: s * 2.0, [0, 1, 2], workers=1)\n"
+                                          "print(res.values().tolist())"),
+                nbformat.v4.new_code_cell("print(sweep(lambda s: s + 0.5, [3, 4], workers=2).values().tolist())")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
+                            resources={"metadata": {"path": str(root)}}).execute()
+    for cell, printed in zip(nb.cells, ["[0.0, 2.0, 4.0]\n", "[3.5, 4.5]\n"]):
+        displays = [o for o in cell.outputs if o.output_type == "display_data"]
+        assert len(displays) == 1 and dict(displays[0].data) == {"image/png": sweep_module._BLANK_PNG}, cell.outputs
+        assert [o.text for o in cell.outputs if o.output_type == "stream"] == [printed]
+    nb.cells[1].outputs = [o for o in nb.cells[1].outputs if o.output_type != "display_data"]
+    path = tmp_path / "sweeps.ipynb"
+    nbformat.write(nb, path)
+    env = dict(os.environ, PYTHONPATH=str(root))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--nbval", "--nbval-current-env", "-p", "no:cacheprovider",
+                           "-o", "addopts=", "-q", str(path)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "2 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]

@@ -14,7 +14,7 @@ Modules, and the notebook each checker belongs to
 * :mod:`helpers.practice.rope` -- ``check_rotation_matrix`` (notebook 01);
   ``check_rope_interleaved``, ``check_rope_half`` (notebook 02).
 * :mod:`helpers.practice.mha` -- ``check_mha``: the multi-head attention class of notebook 03,
-  section 8 (``SCAFFOLD``, the solution ``NotesMHA``, ``PLANTED_BUGS`` and ``BUG_MESSAGES``,
+  Exercise 2 (``SCAFFOLD``, the solution ``NotesMHA``, ``PLANTED_BUGS`` and ``BUG_MESSAGES``,
   ``planted_bug_symptoms``).
 * :mod:`helpers.practice.attention` -- ``check_causal_sdpa``: causal scaled dot-product
   attention (notebook 03).
@@ -23,6 +23,8 @@ Modules, and the notebook each checker belongs to
 * :mod:`helpers.practice.positional` -- ``check_sinusoidal``, ``check_alibi_slopes`` (notebook 06).
 * :mod:`helpers.practice.kvcache` -- ``check_kv_decode_step``: a KV-cache decoding step with
   RoPE (notebook 07).
+* :mod:`helpers.practice.flash` -- ``check_online_softmax_update``, ``check_merge_partials``:
+  the online-softmax update and the merge of two partial attention results (notebook 08).
 
 Everything listed in each module's ``__all__`` is re-exported here; the checkers, solutions and
 mistake dicts are also exported by :mod:`helpers` itself (``from helpers import check_mha``).
@@ -48,10 +50,16 @@ from .positional import (
     check_alibi_slopes, check_sinusoidal, sinusoidal_solution,
 )
 from .kvcache import KV_DECODE_ADVICE, KV_DECODE_MISTAKES, check_kv_decode_step, kv_decode_step_solution
+from .flash import (
+    MERGE_ADVICE, MERGE_MISTAKES, ONLINE_SOFTMAX_ADVICE, ONLINE_SOFTMAX_MISTAKES, check_merge_partials,
+    check_online_softmax_update, merge_partials_solution, online_softmax_update_solution,
+)
 
 from . import attention, engine, heads, kvcache, mha, positional, regularization, rope
+from . import flash
 
 __all__ = [
     *engine.__all__, *rope.__all__, *mha.__all__, *attention.__all__, *regularization.__all__,
     *heads.__all__, *positional.__all__, *kvcache.__all__,
+    *flash.__all__,
 ]

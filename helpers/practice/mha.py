@@ -1,4 +1,4 @@
-r"""The MHA exercise of section 8 of ``notebooks/03_mha_from_scratch.ipynb``, and its diagnosing checker.
+r"""The MHA exercise (Exercise 2) of ``notebooks/03_mha_from_scratch.ipynb``, and its diagnosing checker.
 
 The learner fills in a class with the interface of :data:`SCAFFOLD`, then ``check_mha(MyMHA)``
 runs it against the reference :class:`helpers.attention.MultiHeadAttention` with the same

@@ -14,6 +14,7 @@ One module per notebook:
 * :mod:`helpers.viz.positional` -- notebook 06: shift/length explorer over precomputed results.
 * :mod:`helpers.viz.regularization` -- notebook 04: label-smoothing and dropout explorers.
 * :mod:`helpers.viz.sweep` -- notebooks 03-06: seed sweeps (a dot or a thin curve per seed, the mean on top).
+* :mod:`helpers.viz.flash` -- notebook 08: the causal tile-schedule explorer.
 """
 from .explorer import FIGSIZE, Explorer
 from .rope import long_term_decay, rope_explorer, rope_explorer_state
@@ -23,6 +24,7 @@ from .heads import head_explorer, head_explorer_state, prune_explorer, prune_exp
 from .positional import shift_length_explorer, shift_length_state
 from .regularization import dropout_explorer, dropout_state, label_smoothing_explorer, label_smoothing_state
 from .sweep import plot_sweep_curves, plot_sweep_points
+from .flash import tile_schedule_explorer, tile_schedule_state
 
 __all__ = [
     "FIGSIZE", "Explorer",
@@ -33,4 +35,5 @@ __all__ = [
     "shift_length_explorer", "shift_length_state",
     "dropout_explorer", "dropout_state", "label_smoothing_explorer", "label_smoothing_state",
     "plot_sweep_curves", "plot_sweep_points",
+    "tile_schedule_explorer", "tile_schedule_state",
 ]

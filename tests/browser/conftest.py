@@ -3,11 +3,20 @@
 A JupyterLab server is started on a free loopback port from a temporary copy of the
 repository (autosave off, news pop-up off, a random token), and stopped by its own process
 handle at the end, also when a test fails. Chromium is Debian's (/usr/bin/chromium), driven
-by Playwright for Python; ``playwright install`` cannot download browsers on the course
-machine, so without Chromium the tests are skipped with the install command as reason.
+by Playwright for Python (``playwright install`` cannot download browsers on the course machine);
+elsewhere Playwright's own download (``python -m playwright install chromium``) is found too, or
+any binary named by ``CHROMIUM_PATH``. Without Chromium the tests are skipped with the install
+commands as reason (shown with ``pytest -rs``).
+
+Screenshots (``screenshot_dir``, one folder per test under pytest's own temporary directory,
+``--basetemp`` or ``pytest-of-USER/pytest-N``, of which pytest keeps the last three runs) are
+kept only for a test that failed: the folder of a test that passed or was skipped is deleted
+at its teardown, and a failing test's report names its folder. The temporary copy of the
+repository that JupyterLab serves is deleted when the session ends.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import secrets
@@ -19,23 +28,39 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM_CANDIDATES = ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
-SKIP_REASON = "Chromium not found: install it with `apt-get install chromium` (Debian) to run the browser tests"
+SKIP_REASON = ("Chromium not found: install it with `apt install chromium` (Debian/Ubuntu) or "
+               "`python -m playwright install chromium` (macOS, Windows), or set CHROMIUM_PATH to a Chromium binary")
 
 #: lines collected by the tests and printed in pytest's terminal summary
 REPORT: list[str] = []
 
 
+def _playwright_chromium() -> str | None:
+    """The Chromium that ``python -m playwright install chromium`` downloaded, if it did."""
+    try:
+        from playwright.sync_api import sync_playwright
+        with sync_playwright() as p:
+            exe = p.chromium.executable_path
+    except Exception:  # noqa: BLE001 - playwright missing or its driver unable to start: no browser
+        return None
+    return exe if exe and Path(exe).is_file() else None
+
+
+@functools.lru_cache(maxsize=1)
 def chromium_path() -> str | None:
+    """The Chromium to drive, first found of: ``$CHROMIUM_PATH``, ``/usr/bin/chromium``,
+    ``/usr/bin/chromium-browser``, ``chromium`` on the PATH, Playwright's own download."""
     for candidate in [os.environ.get("CHROMIUM_PATH", "")] + CHROMIUM_CANDIDATES:
         if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
             return candidate
-    return shutil.which("chromium")
+    return shutil.which("chromium") or _playwright_chromium()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -75,12 +100,44 @@ class Lab:
             self.api("DELETE", f"/api/sessions/{session['id']}")
 
 
-@pytest.fixture(scope="session")
-def screenshot_dir() -> Path:
-    path = Path(tempfile.gettempdir()) / "attention-notebooks-browser" / time.strftime("%Y%m%d-%H%M%S")
-    path.mkdir(parents=True, exist_ok=True)
-    REPORT.append(f"screenshots: {path}")
-    return path
+_PHASES = pytest.StashKey[dict]()       # when -> TestReport of the test, filled by pytest_runtest_makereport
+_SHOTS = pytest.StashKey[Path]()        # the test's screenshot folder
+
+
+def keep_screenshots(reports: Mapping[str, object]) -> bool:
+    """Whether a test's screenshots are kept, from its reports so far (``{"setup": report, "call": report}``,
+    each with ``.failed``): kept when a phase failed or when the test never reached its call (an
+    interrupted run); deleted when it passed or was skipped."""
+    if any(getattr(r, "failed", False) for r in reports.values()):
+        return True
+    call = reports.get("call")
+    setup = reports.get("setup")
+    return call is None and not getattr(setup, "skipped", False)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    item.stash.setdefault(_PHASES, {})[rep.when] = rep
+    shots = item.stash.get(_SHOTS, None)
+    if rep.failed and shots is not None and rep.when == "call":
+        # a report section travels with the report (also from pytest-xdist workers) and prints with the failure
+        rep.sections.append(("screenshots kept", f"screenshots of this test: {shots}"))
+
+
+@pytest.fixture
+def screenshot_dir(request, tmp_path_factory) -> Path:
+    """A folder for this test's screenshots under pytest's temporary directory, deleted after the test
+    unless it failed (:func:`keep_screenshots`)."""
+    name = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in request.node.name)[:60]
+    path = tmp_path_factory.mktemp(f"screenshots-{name}")
+    request.node.stash[_SHOTS] = path
+    yield path
+    if keep_screenshots(request.node.stash.get(_PHASES, {})) and any(path.iterdir()):
+        REPORT.append(f"screenshots of the failed test {request.node.nodeid}: {path}")
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -113,7 +170,9 @@ def lab(tmp_path_factory):
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")
     log = open(tmp / "lab.log", "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=root)
+    # the kernels import the copy's helpers even where the editable install is missing or points elsewhere
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=root, env=env)
     server = Lab(f"http://127.0.0.1:{port}", token, root)
     try:
         deadline = time.monotonic() + 90
@@ -139,6 +198,7 @@ def lab(tmp_path_factory):
                 pass
             proc.wait(timeout=5)
         log.close()
+        shutil.rmtree(root, ignore_errors=True)  # the copy JupyterLab served (lab.log stays beside it)
 
 
 @pytest.fixture(scope="session")

@@ -8,13 +8,15 @@ they read (``cells_the_explorers_need``; a missed dependency shows as an error i
 so it cannot pass silently). That keeps the README's one test command within its time budget. Latencies (key press or drag
 -> new figure in the page) are measured and reported, not asserted beyond a generous limit that
 only catches a hang; the target is a median <= 300 ms. Screenshots of every explorer before and
-after each move are saved under the system temp directory (printed at the end of the run).
+after each move are taken into a folder under pytest's temporary directory that is kept, and
+named in the failure report, only when the test fails (``conftest.screenshot_dir``).
 """
 from __future__ import annotations
 
 import ast
 import builtins
 import json
+import re
 import statistics
 import time
 from pathlib import Path
@@ -54,6 +56,8 @@ ERRORS = """() => {
   });
   return found;
 }"""
+
+DETAILS = """() => Array.from(document.querySelectorAll('.jp-MarkdownCell .jp-RenderedMarkdown details')).map(d => d.open)"""
 
 
 def _defs_uses(source: str) -> tuple[set[str], set[str]]:
@@ -143,8 +147,13 @@ def test_notebook_runs_and_explorers_respond(path, lab, browser, screenshot_dir)
         run_s = _open_and_run(page, lab, path.name, cells)
         errors = page.evaluate(ERRORS)
         assert not errors, f"{path.name}: cells with errors in JupyterLab: {errors}"
-        shots = screenshot_dir / path.stem
-        shots.mkdir(exist_ok=True)
+        folded = page.evaluate(DETAILS)
+        n_details = sum(len(re.findall(r"^[ ]{0,3}<details\b", "".join(c["source"]), re.MULTILINE))
+                        for c in json.loads(path.read_text(encoding="utf-8"))["cells"] if c["cell_type"] == "markdown")
+        assert len(folded) == n_details and not any(folded), (
+            f"{path.name}: {n_details} <details> blocks (hints, solutions) in its markdown, JupyterLab rendered "
+            f"{len(folded)} with open = {folded}: each must be there and folded")
+        shots = screenshot_dir
 
         explorers = page.locator(".explorer")
         n_explorers = explorers.count()
