@@ -48,6 +48,8 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .traffic import _tensors  # the tensors inside nested tuples, lists and dicts (shared with the traffic counter)
+
 __all__ = [
     "online_softmax_update", "online_softmax", "merge_attention_partials", "materialized_attention",
     "flash_attention_forward", "FlashAttentionFunction", "flash_attention", "split_kv_decode",
@@ -571,15 +573,6 @@ def tiled_working_bytes(batch: int, heads: int, block_q: int, block_k: int, head
 
 
 # --------------------------------------------------------------------- peak memory
-def _tensors(obj: Any) -> list:
-    """The tensors inside nested tuples, lists and dicts (a faster ``tree_flatten`` for op arguments)."""
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, (tuple, list)):
-        return [t for o in obj for t in _tensors(o)]
-    if isinstance(obj, dict):
-        return [t for o in obj.values() for t in _tensors(o)]
-    return []
 
 
 class AllocationCounter(TorchDispatchMode):
