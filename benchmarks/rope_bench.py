@@ -28,6 +28,7 @@ defeat vectorisation.
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import sys
@@ -41,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run without inst
 from helpers import rope_kernel  # noqa: E402
 from helpers.rope import (  # noqa: E402
     RotaryEmbedding,
+    _cached_tables,
     apply_rope,
     apply_rope_complex,
     apply_rope_matrix,
@@ -124,9 +126,13 @@ def low_precision_rows(shape: tuple, repeats: int) -> dict[str, dict[str, float]
 
     Rows: the default path (the fused kernel of ``helpers.rope_kernel`` where it is available),
     the same call on an ``x`` that requires gradients (the forward of a training step), and
-    the PyTorch-operator fallback (``helpers.rope_kernel.disabled()``). Each result is first
-    checked against the float64 rotation of the same (rounded) input."""
+    the PyTorch-operator fallback (``helpers.rope_kernel.disabled()``), and the same C loop built
+    without OpenMP (threads of its own started per call, instead of PyTorch's OpenMP pool: the
+    variant used where that pool is not GNU OpenMP). Each result is first checked against the
+    float64 rotation of the same (rounded) input."""
     out = {}
+    seq, d = shape[-2], shape[-1]
+    tables = _cached_tables(seq, d, 10000.0, "cpu", torch.float32)[:2]  # what apply_rope(x) uses
     for dt in (torch.bfloat16, torch.float16):
         x = torch.randn(shape).to(dt)
         xg = x.clone().requires_grad_()
@@ -135,6 +141,12 @@ def low_precision_rows(shape: tuple, repeats: int) -> dict[str, dict[str, float]
             with rope_kernel.disabled():
                 return apply_rope(x, layout=layout)
 
+        own = rope_kernel.can_use(x, *tables) and rope_kernel._own_threads_library() is not None
+
+        def own_threads(layout: str) -> torch.Tensor:
+            # the same C loop built without -fopenmp: threads of its own, started for each call
+            return rope_kernel.fused_rope_own_threads(x, tables[0], tables[1], layout)
+
         fns = {"copy floor x.clone()": lambda: x.clone(),
                "apply_rope": lambda: apply_rope(x),
                "apply_rope half": lambda: apply_rope(x, layout="half"),
@@ -142,12 +154,25 @@ def low_precision_rows(shape: tuple, repeats: int) -> dict[str, dict[str, float]
                "  half, requires_grad": lambda: apply_rope(xg, layout="half"),
                "operators only": lambda: fallback("interleaved"),
                "operators only half": lambda: fallback("half")}
+        if own:
+            fns["kernel, own threads"] = lambda: own_threads("interleaved")
+            fns["kernel, own threads, half"] = lambda: own_threads("half")
         for name, layout in (("apply_rope", "interleaved"), ("apply_rope half", "half"),
                              ("  x.requires_grad", "interleaved"), ("  half, requires_grad", "half"),
-                             ("operators only", "interleaved"), ("operators only half", "half")):
+                             ("operators only", "interleaved"), ("operators only half", "half"),
+                             ("kernel, own threads", "interleaved"), ("kernel, own threads, half", "half")):
+            if name not in fns:
+                continue
             ref = apply_rope(x.double(), layout=layout)
             torch.testing.assert_close(fns[name]().double(), ref, atol=5e-2, rtol=5e-2, msg=lambda m: f"{dt} {name}: {m}")
-        out[str(dt).replace("torch.", "")] = median_ms(fns, repeats)
+        rows = median_ms(fns, repeats)
+        # The same calls, each alone `repeats` times in a row: the allocator then hands every call the
+        # memory the previous one freed, so x and the output stay in the CPU's caches (this shape is 8 MiB
+        # each; the course machine's L3 is 32 MiB) and no fresh page is touched: the floor is several times
+        # lower than in the interleaved rows above, and the kernel is compute-bound against it.
+        for name in ("copy floor x.clone()", "apply_rope", "apply_rope half"):
+            rows["alone: " + name.replace("copy floor ", "")] = median_ms({name: fns[name]}, repeats)[name]
+        out[str(dt).replace("torch.", "")] = rows
     return out
 
 
@@ -179,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2, the course machine's cores)")
     p.add_argument("--repeats", type=int, default=30, help="timed calls per implementation")
     p.add_argument("--matrix-repeats", type=int, default=3, help="timed calls of the slow matrix form")
+    p.add_argument("--low-precision-only", action="store_true",
+                   help="only the bfloat16/float16 rows (e.g. under OMP_WAIT_POLICY=PASSIVE, CONTRIBUTING.md)")
     args = p.parse_args(argv)
     if args.head_dim < 2 or args.head_dim % 2:
         p.error(f"--head-dim must be even and >= 2, got {args.head_dim}")
@@ -186,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
     shape = (args.batch, args.heads, args.seq, args.head_dim)
+    if args.low_precision_only:
+        return print_low_precision(low_precision_rows(shape, args.repeats), args)
     x = torch.randn(shape)
     impls = make_implementations(x)
     check_implementations(x, impls)
@@ -207,24 +236,33 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("apply_rope", "apply_rope half"):
         ms = results[name]
         print(f"{'  ' + name:<24}{ms:>11.3f}{ms / results['copy floor x.clone()']:>10.2f}   (target <= 1.2)")
-    print(f"low-precision path: {rope_kernel.status(torch.bfloat16)}")
-    lowp_ok = True
-    for dt, rows in low.items():
-        print(f"{dt} (the same shape), median ms and x the copy floor x.clone() of the {dt} tensor:")
-        for name, ms in rows.items():
-            ratio = ms / rows["copy floor x.clone()"]
-            target = ""
-            if name in ("apply_rope", "apply_rope half", "  x.requires_grad", "  half, requires_grad"):
-                target = "   (target <= 2)"
-                lowp_ok &= ratio <= 2.0
-            print(f"{'  ' + name:<24}{ms:>11.3f}{ratio:>10.2f}{target}")
+    lowp_status = print_low_precision(low, args)
     speedup, over_floor = matrix / fast, fast / floor
     ok1, ok2 = speedup >= 8.0, over_floor <= 3.0
     print(f"apply_rope vs apply_rope_matrix: {speedup:.0f}x faster (target >= 8x): {'PASS' if ok1 else 'FAIL'}")
     print(f"apply_rope vs memory floor:      {over_floor:.2f}x the floor (target <= 3x): {'PASS' if ok2 else 'FAIL'}")
+    return 0 if (ok1 and ok2 and lowp_status == 0) else 1
+
+
+def print_low_precision(low: dict[str, dict[str, float]], args: argparse.Namespace) -> int:
+    """Print the bfloat16/float16 rows and their target line; 0 if every targeted row is <= 2x."""
+    wait = os.environ.get("OMP_WAIT_POLICY", "")
+    print(f"low-precision path: {rope_kernel.status(torch.bfloat16)}; {args.threads} thread(s), median of "
+          f"{args.repeats} calls{'; OMP_WAIT_POLICY=' + wait if wait else ''}")
+    lowp_ok = True
+    for dt, rows in low.items():
+        print(f"{dt} (the same shape), median ms and x the copy floor x.clone() of the {dt} tensor "
+              f"(calls interleaved; 'alone' rows: each alone, x the clone alone):")
+        for name, ms in rows.items():
+            ratio = ms / rows["alone: x.clone()" if name.startswith("alone") else "copy floor x.clone()"]
+            target = ""
+            if name in ("apply_rope", "apply_rope half", "  x.requires_grad", "  half, requires_grad"):
+                target = "   (target <= 2)"
+                lowp_ok &= ratio <= 2.0
+            print(f"{'  ' + name:<26}{ms:>9.3f}{ratio:>10.2f}{target}")
     print(f"bfloat16/float16 apply_rope, both layouts, with and without gradients: "
           f"{'<=' if lowp_ok else 'not all <='} 2x x.clone() (target <= 2x): {'PASS' if lowp_ok else 'FAIL'}")
-    return 0 if (ok1 and ok2 and lowp_ok) else 1
+    return 0 if lowp_ok else 1
 
 
 if __name__ == "__main__":

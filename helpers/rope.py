@@ -481,8 +481,9 @@ def _rotate(
     d = x.shape[-1]
     if x.dtype in _LOW_PRECISION:
         cos32, sin32 = cos.float(), sin.float()
-        if _rope_kernel.can_use(x, cos32, sin32):
-            return _rope_kernel.fused_rope(x, cos32, sin32, layout)
+        fused = _rope_kernel.try_fused(x, cos32, sin32, layout)
+        if fused is not None:
+            return fused
         if layout == "interleaved":
             return _rotate_upcast(x, torch.complex(cos32, sin32) if rot is None else rot)
         return _rotate(x.float(), cos32, sin32, "half").to(x.dtype)  # float32 arithmetic, one rounding

@@ -6,17 +6,19 @@ Taught in ``notebooks/02_rope_efficient.ipynb`` (§6, *bfloat16 and float16*) an
 Why it exists. In eager PyTorch every element-wise operator is one pass over memory, and
 on a CPU without native bfloat16 arithmetic each pass also converts every element to
 float32 and back. Measured on a 2-core AVX2 CPU at ``(1, 8, 4096, 128)`` (``benchmarks/
-rope_bench.py``): one bfloat16 multiply ``x * 2`` takes 0.8-2.5x the time of ``x.clone()``,
-the best composition of PyTorch operators for bfloat16 RoPE (upcast, rotate in float32,
-round back, as Meta's Llama does) about 4.7x, and the half layout 8.6x; ``torch.compile``
-of the same formula about 4.5x (half layout) and 7x (interleaved). This kernel: 2.4-3.7x
-(``CONTRIBUTING.md``), about twice as fast as the operators but not at the floor: on two
-cores the widening and rounding cost about as much as the memory traffic. The rotation itself is
-arithmetic on data already in registers; what costs is passes over memory. So this
-module compiles (once per machine, with the system's C compiler, in about 0.3 s) a
-short C loop (about a hundred lines with its AVX2 vector code) that reads each pair once, widens it to float32, rotates it with
-float32 ``cos``/``sin``, rounds once (round to nearest even, as ``Tensor.to`` does) and
-writes it once:
+rope_bench.py``, ``CONTRIBUTING.md``): one bfloat16 multiply ``x * 2`` takes 0.8-2.5x the time
+of ``x.clone()``, the best composition of PyTorch operators for bfloat16 RoPE (upcast, rotate
+in float32, round back, as Meta's Llama does) about 5x, and the half layout about 9x;
+``torch.compile`` of the same formula about 4.5x (half layout) and 7x (interleaved). This
+kernel: 1.0-1.6x in both dtypes and layouts, with or without gradients (in the benchmark's
+interleaved calls, whose outputs land in fresh memory; run alone in a loop, with ``x`` and the
+output staying in the cache, the clone is 3-4 times faster and the kernel 2-4x it, compute-bound
+there). The rotation itself is
+arithmetic on data already in registers; what costs is passes over memory. So this module
+compiles (once per machine, with the system's C compiler, in about 0.3 s) a short C loop
+(about a hundred lines with its AVX2 vector code) that reads each pair once, widens it to
+float32, rotates it with float32 ``cos``/``sin``, rounds once (round to nearest even, as
+``Tensor.to`` does) and writes it once:
 
 .. math::
     y_a = \mathrm{rd}(x_a\cos\phi - x_b\sin\phi), \qquad
@@ -37,6 +39,16 @@ PyTorch's dispatcher (it is called through ``ctypes`` on the tensors' memory), s
 ``torch.compile`` and ``torch.func`` transforms (``vmap``, ...) get the operator fallback
 (their tensors have no memory to hand over); forward-mode AD (``torch.autograd.forward_ad``)
 uses the kernel, rotating the tangent like the input.
+
+Threads. Where PyTorch runs its operators on GNU OpenMP (``libgomp.so.1``, Linux wheels) and the
+compiler is GCC, the loop is built with ``-fopenmp`` and so runs on PyTorch's own OpenMP thread
+pool (the loader binds it to the ``libgomp.so.1`` torch already loaded): the pool's workers
+spin for a while after every PyTorch operator, and threads of the kernel's own, started per
+call, then shared the two cores with them: the same loop took 2.7-3.1x ``x.clone()`` that way
+and 1.0-1.6x on the pool (same machine, same runs; ``CONTRIBUTING.md``). Elsewhere (clang, macOS, another runtime) it
+starts threads of its own. As with PyTorch's own operators on OpenMP, a forked child must call
+``torch.set_num_threads(1)`` before using it (:func:`helpers.sweep` does); with one thread the
+kernel opens no parallel region.
 """
 from __future__ import annotations
 
@@ -55,12 +67,18 @@ from typing import Iterator, Optional
 
 import torch
 
-__all__ = ["fused_rope", "can_use", "status", "disabled"]
+__all__ = ["fused_rope", "fused_rope_own_threads", "can_use", "status", "disabled"]
 
 _SOURCE = r"""
 #include <stdint.h>
 #include <string.h>
 #include <pthread.h>
+#ifdef _OPENMP
+#include <omp.h>
+int uses_openmp(void) { return 1; }
+#else
+int uses_openmp(void) { return 0; }
+#endif
 
 static inline float bf2f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
 /* c10::BFloat16's round_to_nearest_even, NaN -> 0x7FC0 */
@@ -111,87 +129,112 @@ static inline void f_to_h8(uint16_t *p, __m256 f) {
 #define HAVE_VEC 0
 #endif
 
-static void run_rows(const job_t *j) {
-    const int64_t h = j->D / 2, MS = j->M * j->S;
-    for (int64_t r = j->r0; r < j->r1; ++r) {  /* rows in memory order of the output */
-        const int64_t b = r / MS, m = (r / j->S) % j->M, s = r % j->S;
-        const uint16_t *restrict xr = j->x + b * j->xs0 + m * j->xs1 + s * j->xs2;
-        const float *restrict c = j->c + b * j->cs0 + m * j->cs1 + s * j->cs2;
-        const float *restrict sn = j->s + b * j->cs0 + m * j->cs1 + s * j->cs2;
-        uint16_t *restrict o = j->out + r * j->D;
-        const float g = 1.0f;  /* the inverse rotation gets a negated sin table from Python */
-        int64_t i = 0;
+/* h pairs: x at xr, their cos/sin at c/sn (h each), output at o. half/f16 are constants at every
+   call site (see run_rows), so the compiler makes one copy per layout and dtype, with no branch
+   inside the loops. In the interleaved layout h may span several rows (pairs never straddle one). */
+static inline __attribute__((always_inline)) void do_pairs(const uint16_t *restrict xr, const float *restrict c,
+        const float *restrict sn, uint16_t *restrict o, const int64_t h, const int half, const int f16) {
+    const float g = 1.0f;  /* the inverse rotation gets a negated sin table from Python */
+    int64_t i = 0;
 #if HAVE_VEC
-        if (j->half) {  /* pairs (i, i + d/2): 8 pairs per step */
-            for (; i + 8 <= h; i += 8) {
-                __m256 a = j->f16 ? h8_to_f(xr + i) : bf8_to_f(xr + i);
-                __m256 bb = j->f16 ? h8_to_f(xr + i + h) : bf8_to_f(xr + i + h);
-                __m256 cv = _mm256_loadu_ps(c + i), sv = _mm256_loadu_ps(sn + i);
-                __m256 ya = _mm256_sub_ps(_mm256_mul_ps(a, cv), _mm256_mul_ps(bb, sv));
-                __m256 yb = _mm256_add_ps(_mm256_mul_ps(bb, cv), _mm256_mul_ps(a, sv));
-                if (j->f16) { f_to_h8(o + i, ya); f_to_h8(o + i + h, yb); }
-                else { f_to_bf8(o + i, ya); f_to_bf8(o + i + h, yb); }
-            }
-        } else if (!j->f16) {  /* bfloat16 pairs (2i, 2i+1) as 32-bit words: 8 pairs per step */
-            for (; i + 8 <= h; i += 8) {
-                __m256i u = _mm256_loadu_si256((const __m256i *)(xr + 2 * i));
-                __m256 a = _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
-                __m256 bb = _mm256_castsi256_ps(_mm256_and_si256(u, _mm256_set1_epi32((int)0xffff0000u)));
-                __m256 cv = _mm256_loadu_ps(c + i), sv = _mm256_loadu_ps(sn + i);
-                __m256 ya = _mm256_sub_ps(_mm256_mul_ps(a, cv), _mm256_mul_ps(bb, sv));
-                __m256 yb = _mm256_add_ps(_mm256_mul_ps(bb, cv), _mm256_mul_ps(a, sv));
-                __m256i w = _mm256_or_si256(_mm256_srli_epi32(f_round_bf(ya), 16),
-                                            _mm256_and_si256(f_round_bf(yb), _mm256_set1_epi32((int)0xffff0000u)));
-                _mm256_storeu_si256((__m256i *)(o + 2 * i), w);
-            }
-        } else {  /* float16 pairs (2i, 2i+1): 4 pairs (8 numbers) per step, cos/sin duplicated per pair */
-            const __m256 evenneg = _mm256_castsi256_ps(_mm256_set_epi32(0, (int)0x80000000u, 0, (int)0x80000000u,
-                                                                        0, (int)0x80000000u, 0, (int)0x80000000u));
-            for (; i + 4 <= h; i += 4) {
-                __m256 f = h8_to_f(xr + 2 * i);                       /* a0 b0 a1 b1 a2 b2 a3 b3 */
-                __m128 c4 = _mm_loadu_ps(c + i), s4 = _mm_loadu_ps(sn + i);
-                __m256 cv = _mm256_set_m128(_mm_unpackhi_ps(c4, c4), _mm_unpacklo_ps(c4, c4));
-                __m256 sv = _mm256_set_m128(_mm_unpackhi_ps(s4, s4), _mm_unpacklo_ps(s4, s4));
-                __m256 sw = _mm256_permute_ps(f, 0xB1);                /* b0 a0 b1 a1 ... */
-                /* (a c + b (-s), b c + a s): a c + (-(b s)) is a c - b s exactly */
-                __m256 y = _mm256_add_ps(_mm256_mul_ps(f, cv), _mm256_xor_ps(_mm256_mul_ps(sw, sv), evenneg));
-                f_to_h8(o + 2 * i, y);
-            }
+    if (half) {  /* pairs (i, i + d/2): 8 pairs per step */
+        for (; i + 8 <= h; i += 8) {
+            __m256 a = f16 ? h8_to_f(xr + i) : bf8_to_f(xr + i);
+            __m256 bb = f16 ? h8_to_f(xr + i + h) : bf8_to_f(xr + i + h);
+            __m256 cv = _mm256_loadu_ps(c + i), sv = _mm256_loadu_ps(sn + i);
+            __m256 ya = _mm256_sub_ps(_mm256_mul_ps(a, cv), _mm256_mul_ps(bb, sv));
+            __m256 yb = _mm256_add_ps(_mm256_mul_ps(bb, cv), _mm256_mul_ps(a, sv));
+            if (f16) { f_to_h8(o + i, ya); f_to_h8(o + i + h, yb); }
+            else { f_to_bf8(o + i, ya); f_to_bf8(o + i + h, yb); }
         }
+    } else if (!f16) {  /* bfloat16 pairs (2i, 2i+1) as 32-bit words: 8 pairs per step */
+        for (; i + 8 <= h; i += 8) {
+            __m256i u = _mm256_loadu_si256((const __m256i *)(xr + 2 * i));
+            __m256 a = _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+            __m256 bb = _mm256_castsi256_ps(_mm256_and_si256(u, _mm256_set1_epi32((int)0xffff0000u)));
+            __m256 cv = _mm256_loadu_ps(c + i), sv = _mm256_loadu_ps(sn + i);
+            __m256 ya = _mm256_sub_ps(_mm256_mul_ps(a, cv), _mm256_mul_ps(bb, sv));
+            __m256 yb = _mm256_add_ps(_mm256_mul_ps(bb, cv), _mm256_mul_ps(a, sv));
+            __m256i w = _mm256_or_si256(_mm256_srli_epi32(f_round_bf(ya), 16),
+                                        _mm256_and_si256(f_round_bf(yb), _mm256_set1_epi32((int)0xffff0000u)));
+            _mm256_storeu_si256((__m256i *)(o + 2 * i), w);
+        }
+    } else {  /* float16 pairs (2i, 2i+1): 8 pairs (16 numbers) per step */
+        for (; i + 8 <= h; i += 8) {
+            __m256 f0 = h8_to_f(xr + 2 * i), f1 = h8_to_f(xr + 2 * i + 8);  /* a0 b0 a1 b1 .. | a4 b4 .. */
+            /* per 128-bit lane: a = (a0 a1 a4 a5 | a2 a3 a6 a7), b likewise; the tables in that order */
+            __m256 a = _mm256_shuffle_ps(f0, f1, 0x88), bb = _mm256_shuffle_ps(f0, f1, 0xDD);
+            __m256 cv = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_loadu_ps(c + i)), 0xD8));
+            __m256 sv = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_loadu_ps(sn + i)), 0xD8));
+            __m256 ya = _mm256_sub_ps(_mm256_mul_ps(a, cv), _mm256_mul_ps(bb, sv));
+            __m256 yb = _mm256_add_ps(_mm256_mul_ps(bb, cv), _mm256_mul_ps(a, sv));
+            f_to_h8(o + 2 * i, _mm256_unpacklo_ps(ya, yb));      /* pairs 0-3, in order */
+            f_to_h8(o + 2 * i + 8, _mm256_unpackhi_ps(ya, yb));  /* pairs 4-7 */
+        }
+    }
 #endif
-        if (!j->f16) {
-            if (j->half) {
-                for (; i < h; ++i) {
-                    float a = bf2f(xr[i]), bb = bf2f(xr[i + h]), si = g * sn[i];
-                    o[i] = f2bf(a * c[i] - bb * si); o[i + h] = f2bf(bb * c[i] + a * si);
-                }
-            } else {  /* a pair (x[2i], x[2i+1]) is one 32-bit word: x[2i] in its low half (little-endian) */
-                for (; i < h; ++i) {
-                    uint32_t u; memcpy(&u, xr + 2 * i, 4);
-                    uint32_t ua = u << 16, ub = u & 0xffff0000u; float a, bb; memcpy(&a, &ua, 4); memcpy(&bb, &ub, 4);
-                    float si = g * sn[i];
-                    uint32_t w = (uint32_t)f2bf(a * c[i] - bb * si) | ((uint32_t)f2bf(bb * c[i] + a * si) << 16);
-                    memcpy(o + 2 * i, &w, 4);
-                }
+    if (!f16) {
+        if (half) {
+            for (; i < h; ++i) {
+                float a = bf2f(xr[i]), bb = bf2f(xr[i + h]), si = g * sn[i];
+                o[i] = f2bf(a * c[i] - bb * si); o[i + h] = f2bf(bb * c[i] + a * si);
+            }
+        } else {  /* a pair (x[2i], x[2i+1]) is one 32-bit word: x[2i] in its low half (little-endian) */
+            for (; i < h; ++i) {
+                uint32_t u; memcpy(&u, xr + 2 * i, 4);
+                uint32_t ua = u << 16, ub = u & 0xffff0000u; float a, bb; memcpy(&a, &ua, 4); memcpy(&bb, &ub, 4);
+                float si = g * sn[i];
+                uint32_t w = (uint32_t)f2bf(a * c[i] - bb * si) | ((uint32_t)f2bf(bb * c[i] + a * si) << 16);
+                memcpy(o + 2 * i, &w, 4);
             }
         }
+    }
 #ifdef __FLT16_MAX__
-        else if (j->half) {
-            for (; i < h; ++i) {
-                float a = h2f(xr[i]), bb = h2f(xr[i + h]), si = g * sn[i];
-                o[i] = f2h(a * c[i] - bb * si); o[i + h] = f2h(bb * c[i] + a * si);
-            }
-        } else {
-            for (; i < h; ++i) {
-                float a = h2f(xr[2 * i]), bb = h2f(xr[2 * i + 1]), si = g * sn[i];
-                o[2 * i] = f2h(a * c[i] - bb * si); o[2 * i + 1] = f2h(bb * c[i] + a * si);
-            }
+    else if (half) {
+        for (; i < h; ++i) {
+            float a = h2f(xr[i]), bb = h2f(xr[i + h]), si = g * sn[i];
+            o[i] = f2h(a * c[i] - bb * si); o[i + h] = f2h(bb * c[i] + a * si);
         }
+    } else {
+        for (; i < h; ++i) {
+            float a = h2f(xr[2 * i]), bb = h2f(xr[2 * i + 1]), si = g * sn[i];
+            o[2 * i] = f2h(a * c[i] - bb * si); o[2 * i + 1] = f2h(bb * c[i] + a * si);
+        }
+    }
 #endif
+}
+
+/* Rows r0..r1 of one thread, in the output's memory order. Interleaved rows that lie end to end
+   in x and in the table (the usual case) form one run of pairs per (b, m): no per-row overhead. */
+static inline __attribute__((always_inline)) void rows_of(const job_t *j, const int half, const int f16) {
+    const int64_t h = j->D / 2;
+    int64_t b = j->r0 / (j->M * j->S), m = (j->r0 / j->S) % j->M, s = j->r0 % j->S;  /* (b, m, s) of row r */
+    if (!half && j->xs2 == j->D && j->cs2 == h) {
+        for (int64_t r = j->r0; r < j->r1; ) {
+            int64_t n = j->S - s;
+            if (n > j->r1 - r) n = j->r1 - r;
+            do_pairs(j->x + b * j->xs0 + m * j->xs1 + s * j->xs2, j->c + b * j->cs0 + m * j->cs1 + s * j->cs2,
+                     j->s + b * j->cs0 + m * j->cs1 + s * j->cs2, j->out + r * j->D, n * h, 0, f16);
+            r += n; s = 0;
+            if (++m == j->M) { m = 0; ++b; }
+        }
+        return;
+    }
+    for (int64_t r = j->r0; r < j->r1; ++r) {
+        do_pairs(j->x + b * j->xs0 + m * j->xs1 + s * j->xs2, j->c + b * j->cs0 + m * j->cs1 + s * j->cs2,
+                 j->s + b * j->cs0 + m * j->cs1 + s * j->cs2, j->out + r * j->D, h, half, f16);
+        if (++s == j->S) { s = 0; if (++m == j->M) { m = 0; ++b; } }
     }
 }
 
+static void run_rows(const job_t *j) {
+    if (j->half) { if (j->f16) rows_of(j, 1, 1); else rows_of(j, 1, 0); }
+    else { if (j->f16) rows_of(j, 0, 1); else rows_of(j, 0, 0); }
+}
+
+#ifndef _OPENMP
 static void *thread_main(void *arg) { run_rows((const job_t *)arg); return 0; }
+#endif
 
 /* x: (B, M, S, D) with strides xs0..xs2 (last stride 1); cos/sin: broadcast to (B, M, S, D/2) with
    strides cs0..cs2 (last stride 1), float32; out: contiguous (B, M, S, D). sign: +1 rotate, -1 inverse. */
@@ -203,6 +246,23 @@ int rope_lowp(const uint16_t *x, int64_t xs0, int64_t xs1, int64_t xs2,
     if (threads < 1) threads = 1;
     if (threads > 64) threads = 64;
     if ((int64_t)threads > rows) threads = rows > 0 ? (int)rows : 1;
+    if (threads == 1) {  /* no parallel region at all (also safe in a forked child) */
+        job_t j = {x, xs0, xs1, xs2, c, s, cs0, cs1, cs2, out, B, M, S, D, half, f16, sign, 0, rows};
+        run_rows(&j);
+        return 0;
+    }
+#ifdef _OPENMP
+    /* PyTorch's own OpenMP runtime (the same libgomp.so.1, already loaded by torch): its worker
+       threads, which spin for a while after each PyTorch operator, do this work instead of
+       competing with threads of ours for the cores */
+    #pragma omp parallel num_threads(threads)
+    {
+        const int t = omp_get_thread_num(), n = omp_get_num_threads();
+        job_t j = {x, xs0, xs1, xs2, c, s, cs0, cs1, cs2, out, B, M, S, D, half, f16, sign,
+                   rows * t / n, rows * (t + 1) / n};
+        run_rows(&j);
+    }
+#else
     job_t jobs[64]; pthread_t tid[64]; int started[64] = {0};
     for (int t = 0; t < threads; ++t) {
         job_t j = {x, xs0, xs1, xs2, c, s, cs0, cs1, cs2, out, B, M, S, D, half, f16, sign,
@@ -212,6 +272,7 @@ int rope_lowp(const uint16_t *x, int64_t xs0, int64_t xs1, int64_t xs2,
     for (int t = 1; t < threads; ++t) started[t] = pthread_create(&tid[t], 0, thread_main, &jobs[t]) == 0;
     run_rows(&jobs[0]);
     for (int t = 1; t < threads; ++t) { if (started[t]) pthread_join(tid[t], 0); else run_rows(&jobs[t]); }
+#endif
     return 0;
 }
 """
@@ -219,6 +280,27 @@ int rope_lowp(const uint16_t *x, int64_t xs0, int64_t xs1, int64_t xs2,
 _FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-shared", "-pthread", "-std=c11"]
 # -ffp-contract=off: no fused multiply-adds, so every product and sum is rounded to float32
 # exactly as PyTorch's element-wise operators round them (the fallback gives the same bits).
+_threading = "not loaded"  # "OpenMP (PyTorch's runtime)" or "threads of its own": said by status()
+
+
+def _torch_libgomp() -> bool:
+    """Whether this process runs PyTorch's operators on GNU OpenMP loaded as ``libgomp.so.1``: then
+    a library built with ``-fopenmp`` (which asks for ``libgomp.so.1``) binds to that same, already
+    loaded runtime and shares its thread pool (see the module docstring, *Threads*)."""
+    if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        return False
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return False  # not Linux: keep threads of our own
+    return any(line.rstrip().endswith("/libgomp.so.1") for line in maps.splitlines())
+
+
+def _is_gcc(version: str) -> bool:
+    """Whether ``cc --version`` names GCC (whose ``-fopenmp`` links ``libgomp.so.1``; clang's links
+    its own ``libomp``, a second runtime)."""
+    first = version.splitlines()[0].lower() if version.strip() else ""
+    return "clang" not in version.lower() and ("gcc" in first or first.startswith("cc ")) and "Free Software Foundation" in version
 _MIN_ELEMENTS_PER_THREAD = 1 << 16
 
 _lock = threading.Lock()
@@ -263,8 +345,79 @@ def _private_folder() -> Path:
     return Path(tempfile.mkdtemp(prefix="attention-notebooks-kernels-"))
 
 
+def _build(cc: str, version: str, flags: list) -> tuple:
+    """Compile (or find already compiled) the kernel with ``flags``; ``(library, None)`` or
+    ``(None, why not)``. The file name is a hash of everything the binary depends on."""
+    key = hashlib.sha256("\0".join([_SOURCE, " ".join(flags), cc, version, _cpu_fingerprint()]).encode()).hexdigest()[:16]
+    so = _private_folder() / f"rope_lowp_{key}.so"
+    if not so.exists():
+        try:
+            with tempfile.TemporaryDirectory(dir=so.parent) as tmp:
+                src, tmp_so = Path(tmp) / "rope_lowp.c", Path(tmp) / "rope_lowp.so"
+                src.write_text(_SOURCE)
+                proc = subprocess.run([cc, *flags, str(src), "-o", str(tmp_so)], capture_output=True, text=True, timeout=120)
+                if proc.returncode != 0:
+                    return None, f"compiling the kernel with {cc} failed: {proc.stderr.strip()[:300]}"
+                os.replace(tmp_so, so)  # atomic: another process sees the whole file or none
+        except (OSError, subprocess.SubprocessError) as err:
+            return None, f"compiling the kernel failed: {err}"
+    try:
+        lib = ctypes.CDLL(str(so))
+    except OSError as err:
+        return None, f"loading the compiled kernel failed: {err}"
+    lib.rope_lowp.restype = ctypes.c_int
+    lib.rope_lowp.argtypes = (
+        [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
+        + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
+        + [ctypes.c_void_p] + [ctypes.c_int64] * 4 + [ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_int]
+    )
+    lib.has_float16.restype = ctypes.c_int
+    lib.uses_openmp.restype = ctypes.c_int
+    return lib, None
+
+
+def _compiler_version() -> tuple:
+    """``(compiler path, its --version text)``, or ``(None, why not)``."""
+    cc = _compiler()
+    if cc is None:
+        return None, "no C compiler found (cc, gcc, clang or $CC)"
+    try:
+        return cc, subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as err:
+        return None, f"the C compiler {cc} did not run: {err}"
+
+
+_own_lib: Optional[ctypes.CDLL] = None
+
+
+def _own_threads_library() -> Optional[ctypes.CDLL]:
+    """The kernel built without ``-fopenmp`` (threads of its own, started per call), or ``None``."""
+    global _own_lib
+    if _own_lib is None:
+        cc, version = _compiler_version()
+        if cc is None or sys.byteorder != "little":
+            return None
+        _own_lib = _build(cc, version, _FLAGS)[0]
+    return _own_lib
+
+
+def fused_rope_own_threads(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
+    """The forward pass of :func:`fused_rope` computed by the same C loop built without OpenMP,
+    on threads of its own started for each call: the same bits, for timing the two arrangements
+    side by side (notebook 02 §6, ``benchmarks/rope_bench.py``). No gradient. Raises
+    ``ValueError`` where :func:`can_use` is false or no compiler is available."""
+    if layout not in ("interleaved", "half"):
+        raise ValueError(f"layout must be 'interleaved' or 'half', got {layout!r}")
+    if not can_use(x, cos, sin):
+        raise ValueError(f"the fused kernel does not apply here ({status(x.dtype)}; x {tuple(x.shape)} {x.dtype})")
+    lib = _own_threads_library()
+    if lib is None:
+        raise ValueError("the kernel without OpenMP could not be built here")
+    return _launch(x.detach(), cos, sin, layout == "half", 1.0, lib=lib)
+
+
 def _load() -> Optional[ctypes.CDLL]:
-    global _lib, _reason, _tried
+    global _lib, _reason, _tried, _threading
     with _lock:
         if _tried:
             return _lib
@@ -272,43 +425,20 @@ def _load() -> Optional[ctypes.CDLL]:
         if sys.byteorder != "little":
             _reason = "big-endian machine (the kernel reads a bfloat16 pair as one little-endian word)"
             return None
-        cc = _compiler()
+        cc, version = _compiler_version()
         if cc is None:
-            _reason = "no C compiler found (cc, gcc, clang or $CC)"
+            _reason = version
             return None
-        try:
-            version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-        except (OSError, subprocess.SubprocessError) as err:
-            _reason = f"the C compiler {cc} did not run: {err}"
+        # with -fopenmp first where it binds to PyTorch's own OpenMP runtime, else (or if that
+        # build fails) threads of the kernel's own
+        variants = ([_FLAGS + ["-fopenmp"]] if _torch_libgomp() and _is_gcc(version) else []) + [_FLAGS]
+        for flags in variants:
+            lib, _reason = _build(cc, version, flags)
+            if lib is not None:
+                break
+        if lib is None:
             return None
-        key = hashlib.sha256("\0".join([_SOURCE, " ".join(_FLAGS), cc, version, _cpu_fingerprint()]).encode()).hexdigest()[:16]
-        folder = _private_folder()
-        so = folder / f"rope_lowp_{key}.so"
-        if not so.exists():
-            try:
-                with tempfile.TemporaryDirectory(dir=folder) as tmp:
-                    src, tmp_so = Path(tmp) / "rope_lowp.c", Path(tmp) / "rope_lowp.so"
-                    src.write_text(_SOURCE)
-                    proc = subprocess.run([cc, *_FLAGS, str(src), "-o", str(tmp_so)], capture_output=True, text=True, timeout=120)
-                    if proc.returncode != 0:
-                        _reason = f"compiling the kernel with {cc} failed: {proc.stderr.strip()[:300]}"
-                        return None
-                    os.replace(tmp_so, so)  # atomic: another process sees the whole file or none
-            except (OSError, subprocess.SubprocessError) as err:
-                _reason = f"compiling the kernel failed: {err}"
-                return None
-        try:
-            lib = ctypes.CDLL(str(so))
-        except OSError as err:
-            _reason = f"loading the compiled kernel failed: {err}"
-            return None
-        lib.rope_lowp.restype = ctypes.c_int
-        lib.rope_lowp.argtypes = (
-            [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
-            + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
-            + [ctypes.c_void_p] + [ctypes.c_int64] * 4 + [ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_int]
-        )
-        lib.has_float16.restype = ctypes.c_int
+        _threading = "OpenMP (PyTorch's runtime)" if lib.uses_openmp() else "threads of its own"
         _lib = lib
         return lib
 
@@ -342,7 +472,14 @@ def status(dtype: torch.dtype = torch.bfloat16) -> str:
         return f"not used: {_reason}"
     if dtype == torch.float16 and not lib.has_float16():
         return "not used for float16: this C compiler has no _Float16 type"
-    return f"used for {str(dtype).replace('torch.', '')} CPU tensors (C kernel compiled with {Path(_compiler() or 'cc').name})"
+    return (f"used for {str(dtype).replace('torch.', '')} CPU tensors (C kernel compiled with "
+            f"{Path(_compiler() or 'cc').name}; parallel on {_threading})")
+
+
+def _dual_level_active() -> bool:
+    """Whether a forward-mode AD level is open (``with torch.autograd.forward_ad.dual_level()``):
+    outside one no tensor carries a tangent, and the checks below are skipped."""
+    return getattr(torch.autograd.forward_ad, "_current_level", 0) >= 0
 
 
 def _has_tangent(t: torch.Tensor) -> bool:
@@ -353,9 +490,11 @@ def _has_tangent(t: torch.Tensor) -> bool:
         return False
 
 
+_IS_WRAPPED = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None)
+
+
 def _is_wrapped(t: torch.Tensor) -> bool:
-    check = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None)
-    return bool(check(t)) if check is not None else False
+    return bool(_IS_WRAPPED(t)) if _IS_WRAPPED is not None else False
 
 
 def can_use(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
@@ -374,7 +513,7 @@ def can_use(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
         return False
     if cos.requires_grad or sin.requires_grad or cos.device.type != "cpu" or sin.device.type != "cpu":
         return False
-    if _has_tangent(cos) or _has_tangent(sin):
+    if _dual_level_active() and (_has_tangent(cos) or _has_tangent(sin)):
         return False  # forward-mode AD through the angles (learned frequencies): the fallback differentiates them
     want = tuple(x.shape[:-1]) + (x.shape[-1] // 2,)
     have = tuple(cos.shape)
@@ -396,38 +535,41 @@ def _has_f16(lib) -> bool:
     return _F16
 
 
-def _as4d(t: torch.Tensor, shape4: tuple) -> torch.Tensor:
-    """View ``t`` (right-aligned broadcastable to ``shape4``) as 4-d, broadcast dimensions stride 0."""
-    while t.dim() < 4:
-        t = t.unsqueeze(0)
-    return t.expand(shape4)
+def _strides4(t: torch.Tensor) -> tuple:
+    """The first three strides of ``t`` viewed as 4-d (right-aligned, missing leading dimensions
+    added in front); a dimension of size 1 gets stride 0, so it broadcasts (a table of size 1
+    there is read again for every row, as ``expand`` would)."""
+    st = [0, 0, 0, 0][: 4 - t.dim()] + [0 if n == 1 else s for n, s in zip(t.shape, t.stride())]
+    return st[0], st[1], st[2]
 
 
-def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: bool, sign: float) -> torch.Tensor:
-    lib = _lib if _lib is not None else _load()
+def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: bool, sign: float,
+            lib: Optional[ctypes.CDLL] = None) -> torch.Tensor:
+    lib = lib or (_lib if _lib is not None else _load())
     assert lib is not None
     if sign < 0:
         sin = -sin  # the inverse rotation R^T: angle -phi (a table, far smaller than x)
     d = x.shape[-1]
     shape4 = (1,) * (4 - x.dim()) + tuple(x.shape)
-    x4 = x
-    while x4.dim() < 4:
-        x4 = x4.unsqueeze(0)  # a view: the strides of x are kept
-    table_shape = shape4[:-1] + (d // 2,)
-    # one contiguous table (each row's d/2 values adjacent); broadcast dimensions keep stride 0
-    cos4 = _as4d(cos.contiguous() if cos.stride(-1) != 1 else cos, table_shape)
-    sin4 = _as4d(sin.contiguous() if sin.stride(-1) != 1 else sin, table_shape)
-    if cos4.stride() != sin4.stride():
-        cos4, sin4 = cos4.contiguous(), sin4.contiguous()
-    out = torch.empty(shape4, dtype=x.dtype, device=x.device)
+    # one table layout for both (each row's d/2 values adjacent; broadcast dimensions stride 0)
+    if cos.stride(-1) != 1:
+        cos = cos.contiguous()
+    if sin.stride(-1) != 1:
+        sin = sin.contiguous()
+    cst = _strides4(cos)
+    if _strides4(sin) != cst:
+        cos, sin = cos.contiguous(), sin.contiguous()
+        cst = _strides4(cos)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     threads = max(1, min(torch.get_num_threads(), x.numel() // _MIN_ELEMENTS_PER_THREAD))
+    xs0, xs1, xs2 = _strides4(x)
     lib.rope_lowp(
-        x4.data_ptr(), x4.stride(0), x4.stride(1), x4.stride(2),
-        cos4.data_ptr(), sin4.data_ptr(), cos4.stride(0), cos4.stride(1), cos4.stride(2),
+        x.data_ptr(), xs0, xs1, xs2,
+        cos.data_ptr(), sin.data_ptr(), cst[0], cst[1], cst[2],
         out.data_ptr(), shape4[0], shape4[1], shape4[2], d,
         int(half), int(x.dtype == torch.float16), float(sign), threads,
     )
-    return out.reshape(x.shape)
+    return out
 
 
 class _FusedRope(torch.autograd.Function):
@@ -468,4 +610,21 @@ def fused_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: st
     if not can_use(x, cos, sin):
         raise ValueError(f"the fused kernel does not apply here ({status(x.dtype)}; x {tuple(x.shape)} {x.dtype} on "
                          f"{x.device}, cos {tuple(cos.shape)} {cos.dtype}); call helpers.apply_rope, which falls back")
-    return _FusedRope.apply(x, cos, sin, layout == "half")
+    return _apply(x, cos, sin, layout == "half")
+
+
+def _apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: bool) -> torch.Tensor:
+    """:func:`fused_rope` once :func:`can_use` has said yes: through the autograd Function only
+    where a derivative can be asked for (``x`` needs a gradient with grad mode on, or a
+    forward-AD level is open); otherwise the kernel alone (no graph node to build)."""
+    if (x.requires_grad and torch.is_grad_enabled()) or _dual_level_active():
+        return _FusedRope.apply(x, cos, sin, half)
+    return _launch(x, cos, sin, half, 1.0)
+
+
+def try_fused(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> Optional[torch.Tensor]:
+    """:func:`fused_rope` where :func:`can_use` allows it, else ``None`` (one check, for
+    :func:`helpers.apply_rope`)."""
+    if not can_use(x, cos, sin):
+        return None
+    return _apply(x, cos, sin, layout == "half")

@@ -267,3 +267,73 @@ def test_cache_folder_must_be_private(tmp_path, monkeypatch):
     assert chosen != shared and chosen.parent == tmp_path and (os.stat(chosen).st_mode & 0o077) == 0
     os.chmod(shared, 0o700)
     assert K._private_folder() == shared
+
+
+def _mapped_openmp_runtimes() -> set:
+    """The OpenMP runtime files mapped into this process (Linux)."""
+    maps = Path("/proc/self/maps").read_text().splitlines()
+    return {line.split()[-1] for line in maps if line.split() and any(
+        n in Path(line.split()[-1]).name for n in ("libgomp", "libomp", "libiomp"))}
+
+
+@needs_kernel
+@pytest.mark.skipif(not K._torch_libgomp(), reason="PyTorch here does not run on GNU OpenMP loaded as libgomp.so.1")
+def test_kernel_runs_on_pytorchs_own_openmp_pool():
+    """With GCC and PyTorch on libgomp.so.1 the kernel is built with -fopenmp and binds to the runtime
+    torch already loaded: no second runtime appears (a second pool, or threads of our own, would
+    share the cores with PyTorch's spinning workers: about 2.5x x.clone() instead of 1.4x, measured)."""
+    import subprocess as sp
+    version = sp.run([K._compiler(), "--version"], capture_output=True, text=True).stdout
+    before = _mapped_openmp_runtimes()
+    x = torch.randn(1, 8, 256, 128).bfloat16()  # 262144 elements: a parallel region with 2+ threads
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        out = apply_rope(x)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(out, numpy_reference(x, *tables(x), "interleaved"))
+    after = _mapped_openmp_runtimes()
+    assert after == before and len(after) == 1, (before, after)
+    if K._is_gcc(version):
+        assert "parallel on OpenMP (PyTorch's runtime)" in K.status(torch.bfloat16)
+
+
+def test_kernel_with_threads_of_its_own():
+    """Where the OpenMP build does not apply (clang, PyTorch on another runtime, not Linux) the kernel
+    starts threads of its own: the same bits with one and with two threads."""
+    code = """
+import torch
+from helpers import rope_kernel as K
+K._torch_libgomp = lambda: False
+from helpers.rope import apply_rope
+x = torch.randn(1, 8, 256, 128).bfloat16()
+torch.set_num_threads(1); one = apply_rope(x)
+torch.set_num_threads(2); two = apply_rope(x, layout="half"); two_i = apply_rope(x)
+with K.disabled():
+    ref = apply_rope(x, layout="half")
+assert torch.equal(one, two_i)
+assert (one.float() - apply_rope(x.double()).float()).abs().max() < 0.05
+assert ((two.float() - ref.float()).abs() <= 2 ** -7 * ref.float().abs()).all()  # within one bf16 ulp
+print(K.status(torch.bfloat16))
+"""
+    res = _run(code)
+    assert res.returncode == 0, res.stderr
+    status = res.stdout.strip()
+    if "used for" in status:
+        assert status.endswith("parallel on threads of its own)"), status
+    else:
+        assert status.startswith("not used:"), status
+
+
+@needs_kernel
+def test_graph_node_only_where_a_derivative_can_be_asked_for():
+    x = torch.randn(2, 3, 5, 16).bfloat16()
+    assert apply_rope(x).grad_fn is None
+    xg = x.clone().requires_grad_()
+    assert type(apply_rope(xg).grad_fn).__name__ == "_FusedRopeBackward"
+    with torch.no_grad():
+        out = apply_rope(xg)
+    assert out.grad_fn is None and not out.requires_grad
+    with torch.inference_mode():
+        assert torch.equal(apply_rope(xg), apply_rope(x))
