@@ -166,10 +166,11 @@ def low_precision_rows(shape: tuple, repeats: int) -> dict[str, dict[str, float]
             ref = apply_rope(x.double(), layout=layout)
             torch.testing.assert_close(fns[name]().double(), ref, atol=5e-2, rtol=5e-2, msg=lambda m: f"{dt} {name}: {m}")
         rows = median_ms(fns, repeats)
-        # The same calls, each alone `repeats` times in a row: the allocator then hands every call the
-        # memory the previous one freed, so x and the output stay in the CPU's caches (this shape is 8 MiB
-        # each; the course machine's L3 is 32 MiB) and no fresh page is touched: the floor is several times
-        # lower than in the interleaved rows above, and the kernel is compute-bound against it.
+        # The same calls, each alone `repeats` times in a row: x and the output then stay in the CPU's caches
+        # (8 MiB each at this shape; the course machine's L3 is 32 MiB), whereas in the interleaved rounds above
+        # the other implementations' float32 temporaries push x out between two calls. The floor is about 3
+        # times lower here, and what limits the kernel against it (its arithmetic, or the table it re-reads
+        # once per head) is not settled (CONTRIBUTING.md).
         for name in ("copy floor x.clone()", "apply_rope", "apply_rope half"):
             rows["alone: " + name.replace("copy floor ", "")] = median_ms({name: fns[name]}, repeats)[name]
         out[str(dt).replace("torch.", "")] = rows

@@ -15,6 +15,11 @@ validation accuracy, checked every 10 steps, reaches 0.95 (its time to threshold
 the budget of 300 steps (censored). The global gradient norm is clipped to 1.0, as in
 ``helpers.train`` everywhere in this series.
 
+The operating point (6 layers, peak lr 3e-2) was fixed after probing on seed 0, where post-LN
+without warm-up failed while the other three arms trained; the probe runs were not recorded, so
+how many depths and learning rates were looked at is not known. Only this point was run over the
+8 seeds.
+
 Run from the repository root:  ``python experiments/04_layernorm_warmup.py``. It writes
 ``experiments/results/04_layernorm_warmup.json``; notebook 04 loads it and
 ``tests/test_experiments_04.py`` re-runs two seeds.

@@ -22,8 +22,9 @@ Conventions used throughout the series
   boolean ``attn_mask`` means the opposite (True = *not* allowed): pass ``~mask`` to it.
   A floating-point mask is *added* to the scores (0 = allowed, ``-inf`` = blocked) in
   both conventions.
-* A query row whose keys are all masked gets all-zero weights and a zero output,
-  never NaN. This is what ``F.scaled_dot_product_attention`` does in torch >= 2.5
+* A query row whose keys are all masked (no True in a bool mask, only ``-inf`` in a float
+  mask) gets all-zero weights and a zero output, never NaN; a finite float mask such as
+  ``finfo(dtype).min`` is not recognised (see ``scaled_dot_product_attention``). This is what ``F.scaled_dot_product_attention`` does in torch >= 2.5
   ("safe softmax"); ``nn.MultiheadAttention`` returns NaN for such rows. Zeros keep a
   padded or empty row from poisoning a whole batch (NaN * 0 is NaN in the backward pass).
 * Inputs are batch-first: ``(batch, seq, d_model)``; per-head tensors are
@@ -136,7 +137,15 @@ def scaled_dot_product_attention(
     all blocked gets weights 0 and output 0 instead of NaN (the choice of
     ``F.scaled_dot_product_attention``; see the module docstring). "All blocked" means
     no True in a bool mask, or only ``-inf`` in a float mask: a finite float mask (such as
-    ``torch.finfo(dtype).min``) is added as it is, and its fully masked rows stay an average.
+    ``torch.finfo(dtype).min``) is added as it is, in the scores' dtype, and its fully masked
+    rows are not zeroed. With ``finfo(dtype).min`` such a row is uniform in float32, float64
+    and bfloat16. In float16 the sum ``s + finfo.min`` lies on a grid of step 32 near -65504:
+    a scaled score ``s <= -16`` overflows to ``-inf`` (weight 0), one ``>= 16`` rounds to
+    -65472 or above and takes (to float16 precision) all the weight, so the row is uniform
+    only while every ``s`` is in (-16, 16), and it is NaN, in the output and the gradient,
+    when every ``s <= -16``
+    (``F.scaled_dot_product_attention`` computes float16 in float32 on the CPU and returns
+    the unmasked output there instead). Pass a bool mask to get zeros.
 
     Args:
         q: ``(..., seq_q, d_k)``.
@@ -433,7 +442,8 @@ class MultiHeadAttention(nn.Module):
 
         Returns:
             ``(output, weights)``: ``output`` ``(batch, seq_q, d_model)``; ``weights``
-            ``(batch, heads, seq_q, seq_k)`` (before dropout) or ``None``.
+            ``(batch, heads, seq_q, seq_k)`` (before dropout; ``nn.MultiheadAttention`` and Hugging Face's
+            eager path return them after) or ``None``.
         """
         if cache is not None:  # KV-cache decoding step (notebook 07 §6)
             if key is not None or value is not None or key_positions is not None:

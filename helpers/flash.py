@@ -336,9 +336,11 @@ def flash_attention_forward(
     :math:`\ell` once, at the end of the row block (FlashAttention-2's change, §3.1.1: Algorithm 1 of
     FlashAttention, Dao et al. 2022, rescales the output in memory at every step), and the log-sum-exp
     :math:`m + \log\ell` is kept for the backward pass. With ``causal`` the tiles entirely in the
-    future are never computed. Peak extra memory: one tile of scores (``block_q x block_k`` per
-    head) and the ``(batch, heads, block_q, d)`` accumulator, instead of the whole
-    ``seq_q x seq_k`` matrix.
+    future are never computed. Peak extra memory, besides the output and the log-sum-exp: three
+    ``block_q x block_k`` tiles per head (the scores :math:`S`, the temporary :math:`S - m'` and
+    :math:`P` while it is built), the ``(batch, heads, block_q, d)`` accumulator and scaled query
+    block, and a few row vectors, instead of the whole ``seq_q x seq_k`` matrix (notebook 08 §3
+    accounts for every byte at ``L = 4096``).
 
     Args:
         q: ``(batch, heads, seq_q, d)``; k, v: ``(batch, heads_kv, seq_k, d)`` and ``(..., d_v)``,
@@ -424,7 +426,8 @@ class FlashAttentionFunction(torch.autograd.Function):
     :math:`O` and the log-sum-exp :math:`\lambda` per row (``seq_q`` numbers per head), never the
     ``seq_q x seq_k`` probabilities. Backward (FlashAttention-2's Algorithm 2, Dao 2023, which saves
     only the log-sum-exp, §3.1.1; FlashAttention's Algorithm 4, Dao et al. 2022, saves :math:`m` and
-    :math:`\ell`; the row term :math:`D` as FlashAttention-2's Algorithm 2, line 4, computes it): :math:`D_i = \sum_c dO_{ic} O_{ic}`, then for each tile
+    :math:`\ell`; the row term :math:`D`, derived in FlashAttention's Appendix B.2, Eq. 4, and computed per
+    tile there in Algorithm 4, line 19, is computed once before the loop, as FlashAttention-2's Algorithm 2, line 4, does): :math:`D_i = \sum_c dO_{ic} O_{ic}`, then for each tile
 
     .. math::
         P = e^{S - \lambda},\quad dV \mathrel{+}= P^\top dO,\quad dP = dO\,V^\top,\quad
@@ -521,7 +524,9 @@ def split_kv_decode(
     otherwise); here they run one after the other and the point is that the merge is exact.
 
     Args:
-        q: ``(batch, heads, n_new, d)``, usually ``n_new = 1`` (it sees every cached key: no mask).
+        q: ``(batch, heads, 1, d)``: one new query per head, which sees every cached key (no causal
+            mask is needed). Several new queries at once (a chunked step whose keys are already in the
+            cache) would need a causal mask among the new tokens and are refused: decode them one at a time.
         k_cache, v_cache: ``(batch, heads_kv, seq, d)`` (e.g. ``helpers.kvcache.KVCache`` contents).
         num_splits: number of chunks, ``1 <= num_splits <= seq`` (sizes differ by at most one).
         key_padding_mask: optional bool ``(batch, seq)``, True for a real cached token.
@@ -531,6 +536,10 @@ def split_kv_decode(
         ``(out, lse)``, or ``(out, lse, outs, lses)`` with ``return_partials``.
     """
     group, scale = _check_qkv(q, k_cache, v_cache, False, key_padding_mask, scale)
+    if q.shape[2] != 1:
+        raise ValueError(f"q must hold one new query per head, shape (batch, heads, 1, d), got {tuple(q.shape)}: "
+                         "split_kv_decode applies no causal mask, so with several new queries whose keys are already "
+                         "in the cache each would see the later ones; decode them one at a time")
     seq = k_cache.shape[2]
     _check_int(num_splits, "num_splits")
     if num_splits > seq:

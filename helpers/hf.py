@@ -72,7 +72,8 @@ def mha_from_llama(layer: nn.Module, config) -> MultiHeadAttention:
     ``F.dropout`` to the softmax probabilities in training mode only, so with the same torch RNG
     state the two draw the same mask and give the same outputs. The returned weights differ in
     training mode with ``dropout > 0``: ``LlamaAttention`` (eager) returns them *after* dropout,
-    :class:`MultiHeadAttention` (like ``nn.MultiheadAttention``) *before*.
+    :class:`MultiHeadAttention` *before* (``nn.MultiheadAttention``, like ``LlamaAttention``, returns
+    them after: torch 2.13's ``F.multi_head_attention_forward`` drops them before the product with ``v``).
 
     RoPE types: ``"default"`` (:math:`\theta_i = \text{rope\_theta}^{-2i/d}`), ``"linear"``
     (every :math:`\theta_i` divided by ``factor``: position interpolation) and ``"llama3"``

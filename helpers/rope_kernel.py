@@ -10,13 +10,15 @@ rope_bench.py``, ``CONTRIBUTING.md``): one bfloat16 multiply ``x * 2`` takes 0.8
 of ``x.clone()``, the best composition of PyTorch operators for bfloat16 RoPE (upcast, rotate
 in float32, round back, as Meta's Llama does) about 5x, and the half layout about 9x;
 ``torch.compile`` of the same formula about 4.5x (half layout) and 7x (interleaved). This
-kernel: 1.0-1.6x in both dtypes and layouts, with or without gradients (in the benchmark's
-interleaved calls, whose outputs land in fresh memory; run alone in a loop, with ``x`` and the
-output staying in the cache, the clone is 3-4 times faster and the kernel 2-4x it, compute-bound
-there). The rotation itself is
+kernel: 1.0-1.6x in both dtypes and layouts, with or without gradients, where it runs on
+PyTorch's OpenMP pool (see *Threads*), in the benchmark's interleaved calls (the other
+implementations between two calls push ``x`` out of the CPU's caches, so every call reads it
+from memory). Run alone in a loop, ``x`` and the output stay in the 32 MiB L3 cache, the clone
+is about 3 times faster (2.6-3.6) and the kernel 2-4x it; what limits it there (its arithmetic,
+or the float32 table it reads once per head, twice the bytes of ``x``) is not settled. The rotation itself is
 arithmetic on data already in registers; what costs is passes over memory. So this module
 compiles (once per machine, with the system's C compiler, in about 0.3 s) a short C loop
-(about a hundred lines with its AVX2 vector code) that reads each pair once, widens it to
+(about two hundred lines with its AVX2 vector code) that reads each pair once, widens it to
 float32, rotates it with float32 ``cos``/``sin``, rounds once (round to nearest even, as
 ``Tensor.to`` does) and writes it once:
 
@@ -43,9 +45,12 @@ uses the kernel, rotating the tangent like the input.
 Threads. Where PyTorch runs its operators on GNU OpenMP (``libgomp.so.1``, Linux wheels) and the
 compiler is GCC, the loop is built with ``-fopenmp`` and so runs on PyTorch's own OpenMP thread
 pool (the loader binds it to the ``libgomp.so.1`` torch already loaded): the pool's workers
-spin for a while after every PyTorch operator, and threads of the kernel's own, started per
+spin for a while after every PyTorch operator, and a thread of the kernel's own, started per
 call, then shared the two cores with them: the same loop took 2.7-3.1x ``x.clone()`` that way
-and 1.0-1.6x on the pool (same machine, same runs; ``CONTRIBUTING.md``). Elsewhere (clang, macOS, another runtime) it
+and 1.0-1.6x on the pool (same machine, same runs, idle; ``CONTRIBUTING.md``; on a machine busy
+with other jobs the ordering can flip, as every call on the pool then waits at its barriers).
+The build is checked after loading: ``torch.set_num_threads`` must change the thread count the
+kernel's runtime reports, or the kernel falls back to threads of its own. Elsewhere (clang, macOS, another runtime) it
 starts threads of its own. As with PyTorch's own operators on OpenMP, a forked child must call
 ``torch.set_num_threads(1)`` before using it (:func:`helpers.sweep` does); with one thread the
 kernel opens no parallel region.
@@ -76,8 +81,12 @@ _SOURCE = r"""
 #ifdef _OPENMP
 #include <omp.h>
 int uses_openmp(void) { return 1; }
+/* the thread count the kernel's OpenMP runtime would use: follows torch.set_num_threads only if that
+   runtime is PyTorch's own (checked after loading, see _shares_torch_runtime) */
+int runtime_max_threads(void) { return omp_get_max_threads(); }
 #else
 int uses_openmp(void) { return 0; }
+int runtime_max_threads(void) { return -1; }
 #endif
 
 static inline float bf2f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
@@ -373,7 +382,24 @@ def _build(cc: str, version: str, flags: list) -> tuple:
     )
     lib.has_float16.restype = ctypes.c_int
     lib.uses_openmp.restype = ctypes.c_int
+    lib.runtime_max_threads.restype = ctypes.c_int
     return lib, None
+
+
+def _shares_torch_runtime(lib: ctypes.CDLL) -> bool:
+    """Whether the ``-fopenmp`` build runs on PyTorch's own OpenMP runtime: ``torch.set_num_threads(k)``
+    (which sets the runtime's thread count) must change what the library's runtime reports. A second
+    runtime (e.g. a system ``libgomp.so.1`` loaded by another package while torch runs on a renamed
+    copy) would not follow."""
+    before = torch.get_num_threads()
+    try:
+        seen = []
+        for k in (before + 1, max(1, before)):
+            torch.set_num_threads(k)
+            seen.append(lib.runtime_max_threads() == k)
+        return all(seen)
+    finally:
+        torch.set_num_threads(before)
 
 
 def _compiler_version() -> tuple:
@@ -387,18 +413,23 @@ def _compiler_version() -> tuple:
         return None, f"the C compiler {cc} did not run: {err}"
 
 
-_own_lib: Optional[ctypes.CDLL] = None
+_own: Optional[tuple] = None  # (library or None, why not), once tried
 
 
 def _own_threads_library() -> Optional[ctypes.CDLL]:
-    """The kernel built without ``-fopenmp`` (threads of its own, started per call), or ``None``."""
-    global _own_lib
-    if _own_lib is None:
-        cc, version = _compiler_version()
-        if cc is None or sys.byteorder != "little":
-            return None
-        _own_lib = _build(cc, version, _FLAGS)[0]
-    return _own_lib
+    """The kernel built without ``-fopenmp`` (a thread of its own started per call beside the calling
+    thread, with two threads), or ``None``; built once (a failure is remembered too)."""
+    global _own
+    with _lock:
+        if _own is None:
+            cc, version = _compiler_version()
+            if cc is None:
+                _own = (None, version)
+            elif sys.byteorder != "little":
+                _own = (None, "big-endian machine")
+            else:
+                _own = _build(cc, version, _FLAGS)
+        return _own[0]
 
 
 def fused_rope_own_threads(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
@@ -432,13 +463,18 @@ def _load() -> Optional[ctypes.CDLL]:
         # with -fopenmp first where it binds to PyTorch's own OpenMP runtime, else (or if that
         # build fails) threads of the kernel's own
         variants = ([_FLAGS + ["-fopenmp"]] if _torch_libgomp() and _is_gcc(version) else []) + [_FLAGS]
+        why_not_openmp = "" if len(variants) > 1 else "; GCC with PyTorch on GNU OpenMP would use PyTorch's pool"
         for flags in variants:
             lib, _reason = _build(cc, version, flags)
+            if lib is not None and lib.uses_openmp() and not _shares_torch_runtime(lib):
+                lib, _reason = None, "the -fopenmp build did not share PyTorch's OpenMP runtime"
+            if lib is None and "-fopenmp" in flags:
+                why_not_openmp = f" ({_reason})"
             if lib is not None:
                 break
         if lib is None:
             return None
-        _threading = "OpenMP (PyTorch's runtime)" if lib.uses_openmp() else "threads of its own"
+        _threading = "OpenMP (PyTorch's runtime)" if lib.uses_openmp() else "threads of its own" + why_not_openmp
         _lib = lib
         return lib
 

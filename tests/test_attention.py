@@ -418,3 +418,42 @@ def test_mha_errors():
     rope = MultiHeadAttention(8, 2, rope=True)
     with pytest.raises(ValueError, match=r"positions must have shape \(seq,\) or \(batch, seq\) with seq = 3, got \(4,\)"):
         rope(x, positions=torch.arange(4))
+
+
+def test_finite_float_mask_fully_masked_row_by_dtype():
+    """The documented behaviour of a finfo(dtype).min float mask on a fully masked row: it is added in the
+    scores' dtype, so the row is uniform in float32/float64/bfloat16, but in float16 (spacing 32 near -65504)
+    scaled scores <= -16 overflow to -inf and a row with every score <= -16 is NaN, gradient included;
+    a bool mask gives 0 and a finite gradient."""
+    q1, v4 = torch.ones(1, 1, 1, 1), torch.arange(1.0, 5.0).reshape(1, 1, 4, 1)   # d_k = 1, scale 1: scores = keys
+    rows = {"small": [-1.0, 0.5, 1.0, 2.0], "one_low": [-20.0, -10.0, 0.0, 10.0], "one_high": [20.0, 0.0, -5.0, 3.0],
+            "all_low": [-20.0, -30.0, -17.0, -40.0]}
+    for dt in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        mask = torch.full((1, 4), torch.finfo(dt).min, dtype=dt)
+        for name, scores in rows.items():
+            k = torch.tensor(scores).reshape(1, 1, 4, 1).to(dt)
+            out, w = scaled_dot_product_attention(q1.to(dt), k, v4.to(dt), mask=mask, scale=1.0)
+            w = w.flatten().double()
+            if dt != torch.float16 or name == "small":
+                torch.testing.assert_close(w, torch.full((4,), 0.25, dtype=torch.float64), atol=1e-3, rtol=0)
+            elif name == "one_low":
+                torch.testing.assert_close(w, torch.tensor([0.0, 1 / 3, 1 / 3, 1 / 3], dtype=torch.float64), atol=1e-3, rtol=0)
+            elif name == "one_high":
+                torch.testing.assert_close(w, torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=torch.float64), atol=1e-3, rtol=0)
+            else:
+                assert w.isnan().all() and out.isnan().all()
+    k_low = torch.tensor(rows["all_low"]).reshape(1, 1, 4, 1).half()
+    q_float = q1.half().requires_grad_(True)
+    out = scaled_dot_product_attention(q_float, k_low, v4.half(), mask=torch.full((1, 4), torch.finfo(torch.float16).min,
+                                       dtype=torch.float16), scale=1.0)[0]
+    out.masked_fill(torch.ones_like(out, dtype=torch.bool), 0.0).sum().backward()
+    assert q_float.grad.isnan().all()                      # zeroing the output afterwards does not clean the gradient
+    q_bool = q1.half().requires_grad_(True)
+    out = scaled_dot_product_attention(q_bool, k_low, v4.half(), mask=torch.zeros(1, 4, dtype=torch.bool), scale=1.0)[0]
+    out.sum().backward()
+    assert (out == 0).all() and torch.isfinite(q_bool.grad).all()
+    # F.scaled_dot_product_attention computes float16 in float32 on the CPU: the same row is the unmasked output there
+    ref = F.scaled_dot_product_attention(q1.half(), k_low, v4.half(), scale=1.0,
+                                         attn_mask=torch.full((1, 4), torch.finfo(torch.float16).min, dtype=torch.float16))
+    unmasked = torch.softmax(k_low.float().flatten(), dim=0) @ v4.flatten()
+    torch.testing.assert_close(ref.flatten()[0].float(), unmasked, atol=5e-3, rtol=0)

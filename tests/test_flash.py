@@ -346,6 +346,15 @@ def test_split_kv_decode_with_an_empty_chunk_and_bad_input():
         fl.split_kv_decode(q, k, v, 0)
 
 
+def test_split_kv_decode_refuses_several_new_queries():
+    """A chunked step (3 new tokens already appended to the cache) would be silently non-causal: refused."""
+    q, k, v = _qkv(B=1, H=2, L=3, Lk=40)
+    with pytest.raises(ValueError, match=r"q must hold one new query per head, shape \(batch, heads, 1, d\), got \(1, 2, 3, 8\)"):
+        fl.split_kv_decode(q, k, v, 4)
+    out, _ = fl.split_kv_decode(q[:, :, -1:], k, v, 4)            # the last new query alone: every key is in its past
+    torch.testing.assert_close(out, _sdpa(q[:, :, -1:], k, v, False, None), atol=2e-6, rtol=0)
+
+
 # --------------------------------------------------------------------------- byte counts
 def test_byte_counts_and_errors():
     assert fl.score_matrix_bytes(2, 3, 5, 7) == 2 * 3 * 5 * 7 * 4
@@ -428,3 +437,24 @@ def test_tile_schedule_state_bad_input():
         tile_schedule_state(64, 8, 8, causal=None)
     s = tile_schedule_state(64, 8, 8, causal=False)
     assert s["skipped"] == 0 and s["computed"] == 64
+
+
+# ------------------------------------------------- notebook 08 §3's exact peak bytes (the 101x and 68x of its prose)
+@pytest.mark.skipif(not torch.__version__.startswith("2.13."), reason="exact allocation counts pinned for torch 2.13")
+def test_notebook_08_memory_goal_bytes_are_exact():
+    """README, CONTRIBUTING and notebook 08 (promise, §3, Takeaways) state 101x and 68x: the counter is exact."""
+    def plain_attention(q, k, v):      # notebook 08 §1's version, line for line
+        s = (q / math.sqrt(q.shape[-1])) @ k.transpose(-2, -1)
+        return torch.softmax(s, dim=-1) @ v
+
+    L, d, blk = 4096, 64, 256
+    q, k, v = _qkv(B=1, H=1, L=L, d=d)
+    masked = fl.peak_memory(fl.materialized_attention, q, k, v).peak_bytes
+    two = fl.peak_memory(plain_attention, q, k, v).peak_bytes
+    tiled = fl.peak_memory(fl.flash_attention_forward, q, k, v, block_q=blk, block_k=blk).peak_bytes
+    scores = fl.score_matrix_bytes(1, 1, L, L)
+    assert masked == 3 * scores + 4 * L + L == 201_347_072           # S, S - lse, P; the lse; the bool mask
+    assert two == 2 * scores + 4 * L * d == 135_266_304              # S, P; the output
+    out_lse, working = 4 * L * d + 4 * L, fl.tiled_working_bytes(1, 1, blk, blk, d)
+    assert tiled == out_lse + working + 4 * blk * blk + 3 * 4 * blk + blk == 1_987_840
+    assert (round(masked / tiled), round(two / tiled)) == (101, 68)

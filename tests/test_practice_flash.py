@@ -83,3 +83,80 @@ def test_checkers_leave_the_global_rng_alone():
     before = torch.get_rng_state()
     check_online_softmax_update(online_softmax_update_solution)
     assert torch.equal(before, torch.get_rng_state())
+
+
+# ------------------------------------------------- the masked cases that a per-block guard or -1e30 gets wrong
+def _skip_if_all_masked(m, l, acc, s, v):
+    """A learner's per-block guard (Python-level): right on a block masked in every row only."""
+    if torch.isneginf(s).all():
+        return m, l, acc
+    m_new = torch.maximum(m, s.amax(dim=-1))
+    alpha, p = torch.exp(m - m_new), torch.exp(s - m_new.unsqueeze(-1))
+    return m_new, alpha * l + p.sum(-1), alpha.unsqueeze(-1) * acc + (p.unsqueeze(-1) * v).sum(-2)
+
+
+def _big_negative(m, l, acc, s, v):
+    """A learner's -1e30 mask value written another way (clamp instead of where, on the scores and m)."""
+    s, m = s.clamp_min(-1e30), m.clamp_min(-1e30)
+    m_new = torch.maximum(m, s.amax(dim=-1))
+    alpha, p = torch.exp(m - m_new), torch.exp(s - m_new.unsqueeze(-1))
+    return m_new, alpha * l + p.sum(-1), alpha.unsqueeze(-1) * acc + (p.unsqueeze(-1) * v).sum(-2)
+
+
+@pytest.mark.parametrize("update, name", [(_skip_if_all_masked, "guard_not_per_row"), (_big_negative, "finite_mask_value")])
+def test_per_block_guard_and_finite_mask_value_are_caught(update, name):
+    r = check_online_softmax_update(update)
+    assert not r.passed and r.diagnosis == name and ONLINE_SOFTMAX_ADVICE[name] in r.message
+    expected_input = {"guard_not_per_row": "masked in rows 0 and 2 only", "finite_mask_value": "row 1 masked in every block"}
+    assert expected_input[name] in r.symptom
+
+
+def test_the_masked_inputs_are_what_the_docstring_says():
+    from helpers.practice.flash import _fold_reference, _online_inputs
+    by_label = {t.label: t.args for t in _online_inputs(0)}
+    blocks, vs, d = next(a for lab, a in by_label.items() if "rows 0 and 2 only" in lab)
+    first = torch.isneginf(blocks[0]).all(dim=-1)
+    assert first.tolist() == [True, False, True] and not torch.isneginf(blocks[0]).all()   # some rows only
+    blocks, vs, d = next(a for lab, a in by_label.items() if "every block" in lab)
+    assert all(torch.isneginf(b[1]).all() and not torch.isneginf(b[[0, 2]]).any() for b in blocks)
+    ref = _fold_reference(blocks, vs, d)
+    assert ref["m"][1] == -math.inf and ref["l"][1] == 0 and (ref["acc"][1] == 0).all() and (ref["output"][1] == 0).all()
+    assert torch.isfinite(ref["m"][[0, 2]]).all()
+
+
+def test_correct_alternatives_of_the_guard_still_pass():
+    def fa1_block_max(m, l, acc, s, v):     # FlashAttention Alg. 1 lines 9-11: the block's own max, then combine
+        mt = s.amax(dim=-1)
+        pt = torch.exp(s - torch.where(torch.isneginf(mt), torch.zeros_like(mt), mt)[:, None])
+        m_new = torch.maximum(m, mt)
+        ref = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
+        a_old, a_blk = torch.exp(m - ref), torch.exp(mt - ref)
+        return m_new, a_old * l + a_blk * pt.sum(-1), a_old[:, None] * acc + a_blk[:, None] * torch.einsum("rb,rbd->rd", pt, v)
+
+    def nan_to_num_after_exp(m, l, acc, s, v):   # unguarded exponentials, the NaNs (rows masked so far) set to 0
+        m_new = torch.maximum(m, s.amax(dim=-1))
+        alpha = torch.nan_to_num(torch.exp(m - m_new), nan=0.0)
+        p = torch.nan_to_num(torch.exp(s - m_new[:, None]), nan=0.0)
+        return m_new, alpha * l + p.sum(-1), alpha[:, None] * acc + (p[..., None] * v).sum(-2)
+
+    for update in (fa1_block_max, nan_to_num_after_exp):
+        r = check_online_softmax_update(update)
+        assert r.passed, r.message
+
+
+def test_merge_both_parts_empty_is_checked():
+    def logaddexp_merge(o1, lse1, o2, lse2):    # right except where both parts are empty (NaN there)
+        lse = torch.logaddexp(lse1, lse2)
+        return torch.exp(lse1 - lse)[..., None] * o1 + torch.exp(lse2 - lse)[..., None] * o2, lse
+
+    r = check_merge_partials(logaddexp_merge)
+    assert not r.passed and r.diagnosis == "nan_when_both_empty" and "both parts empty" in r.symptom
+    assert MERGE_ADVICE["nan_when_both_empty"] in r.message
+
+    def sigmoid_merge(o1, lse1, o2, lse2):      # a correct variant: w1 = sigmoid(lse1 - lse2), guarded
+        both = torch.isneginf(lse1) & torch.isneginf(lse2)
+        w1 = torch.sigmoid(torch.where(both, torch.zeros_like(lse1), lse1 - lse2))
+        o = torch.where(both[..., None], torch.zeros_like(o1), w1[..., None] * o1 + (1 - w1)[..., None] * o2)
+        return o, torch.logaddexp(lse1, lse2)
+
+    assert check_merge_partials(sigmoid_merge).passed

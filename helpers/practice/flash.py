@@ -14,13 +14,18 @@ Two exercises, each against the :mod:`helpers.flash` reference (itself tested ag
   The checker folds the learner's update over the blocks of each input, starting from
   :math:`(m, \ell, \mathbf a) = (-\infty, 0, \mathbf 0)`, and compares the final ``m``, ``l``
   and ``acc`` and the attention output ``acc / l`` with the reference's. Inputs: maxima rising
-  from block to block (the rescaling matters), falling, a first block entirely masked (the NaN
-  trap), a single block. Planted mistakes: :data:`ONLINE_SOFTMAX_MISTAKES`.
+  from block to block (the rescaling matters), falling, a first block entirely masked in every
+  row (the NaN trap), a first block masked in some rows only (padding in one batch item: the
+  guard must act per row, not per block), one row masked in every block (its result is
+  :math:`m = -\infty`, :math:`\ell = 0`, :math:`\mathbf a = 0`: a large negative number in
+  place of :math:`-\infty` turns it into the mean of the values), a single block. Planted
+  mistakes: :data:`ONLINE_SOFTMAX_MISTAKES`.
 * :func:`check_merge_partials`: the learner's ``merge(o1, lse1, o2, lse2)`` of two partial
   attention results over disjoint keys (:func:`helpers.flash.merge_attention_partials`):
   :math:`\lambda = \log(e^{\lambda_1} + e^{\lambda_2})`, :math:`\mathbf o = e^{\lambda_1-\lambda}\mathbf o_1 + e^{\lambda_2-\lambda}\mathbf o_2`.
   Inputs: ordinary log-sum-exps, large ones (about 200: :math:`e^{200}` overflows float32),
-  one part empty (:math:`\lambda_2 = -\infty`, :math:`\mathbf o_2 = 0`). Planted mistakes:
+  one part empty (:math:`\lambda_2 = -\infty`, :math:`\mathbf o_2 = 0`), both parts empty for
+  some queries (result :math:`\mathbf o = 0`, :math:`\lambda = -\infty`). Planted mistakes:
   :data:`MERGE_MISTAKES`.
 
 Worked solutions: :func:`online_softmax_update_solution`, :func:`merge_partials_solution`.
@@ -103,6 +108,21 @@ def _no_guard(m, l, acc, s, v):
     return m_new, alpha * l + p.sum(-1), alpha.unsqueeze(-1) * acc + (p.unsqueeze(-1) * v).sum(-2)
 
 
+def _guard_not_per_row(m, l, acc, s, v):
+    if torch.isneginf(s).all():                        # one guard for the whole block, not for each row
+        return m, l, acc
+    m_new = torch.maximum(m, s.amax(dim=-1))
+    alpha, p = torch.exp(m - m_new), torch.exp(s - m_new.unsqueeze(-1))               # NaN in a row masked so far
+    return m_new, alpha * l + p.sum(-1), alpha.unsqueeze(-1) * acc + (p.unsqueeze(-1) * v).sum(-2)
+
+
+def _finite_mask_value(m, l, acc, s, v):
+    s = torch.where(torch.isneginf(s), torch.full_like(s, -1e30), s)                 # -1e30 instead of -inf
+    m_new = torch.maximum(m, s.amax(dim=-1))           # finite from the first block on: no NaN, no guard needed
+    alpha, p = torch.exp(m - m_new), torch.exp(s - m_new.unsqueeze(-1))               # but e^{-1e30 - (-1e30)} = 1
+    return m_new, alpha * l + p.sum(-1), alpha.unsqueeze(-1) * acc + (p.unsqueeze(-1) * v).sum(-2)
+
+
 def _block_max_only(m, l, acc, s, v):
     m_new = s.amax(dim=-1)                             # forgets the maximum so far
     ref = _guarded(m_new)
@@ -117,6 +137,8 @@ ONLINE_SOFTMAX_MISTAKES: dict[str, Callable] = {
     "rescaled_by_new_max_only": _new_max_only,
     "normaliser_updated_before_max": _l_before_max,
     "nan_on_masked_block": _no_guard,
+    "guard_not_per_row": _guard_not_per_row,
+    "finite_mask_value": _finite_mask_value,
     "block_max_only": _block_max_only,
 }
 
@@ -148,6 +170,18 @@ ONLINE_SOFTMAX_ADVICE: dict[str, str] = {
         "NaN on a fully masked block (nan_on_masked_block): while every score seen is -inf, m' = -inf and "
         "s_j - m' = -inf - (-inf) = NaN (notebook 03's fully masked row, one block at a time). Take the "
         "exponents relative to torch.where(m' == -inf, 0, m'): the terms are e^{-inf} = 0 either way."
+    ),
+    "guard_not_per_row": (
+        "Guard per block, not per row (guard_not_per_row): you skip a block only when ALL its scores are -inf, "
+        "so a block masked for some rows only (padding in one batch item, not in another) still computes "
+        "s_j - m' = -inf - (-inf) = NaN in the masked rows. The guard must act row by row: take the exponents "
+        "relative to torch.where(m' == -inf, 0, m'), which leaves the other rows untouched."
+    ),
+    "finite_mask_value": (
+        "A large negative number instead of -inf (finite_mask_value): with -1e30 in place of -inf, a row whose "
+        "keys are all masked gets m' = -1e30 and e^{s_j - m'} = e^0 = 1 for every masked key, so its output is "
+        "the mean of the values instead of 0 and its log-sum-exp -1e30 + log(B) instead of -inf (notebook 03 "
+        "§4's -1e9 mask, one block at a time). Keep -inf and guard m' = -inf: the result is m = -inf, l = 0, acc = 0."
     ),
     "block_max_only": (
         "Maximum of the block only (block_max_only): m' = max(m, max_j s_j) is the maximum of everything "
@@ -203,10 +237,17 @@ def _online_inputs(seed: int) -> list[TestInput]:
                     torch.randn(rows, 4, generator=g, dtype=torch.float64) * 2,
                     torch.randn(rows, 3, generator=g, dtype=torch.float64) * 2 + 1]
     single = [torch.randn(2, 6, generator=g, dtype=torch.float64) * 2]
+    some_rows = [torch.randn(rows, 4, generator=g, dtype=torch.float64) * 2 for _ in range(3)]
+    some_rows[0][[0, 2]] = NEG_INF                     # rows 0 and 2: first block padding; row 1: not
+    dead_row = [torch.randn(rows, n, generator=g, dtype=torch.float64) * 2 for n in (4, 4, 3)]
+    for b in dead_row:
+        b[1] = NEG_INF                                 # row 1: every key masked (output 0, log-sum-exp -inf)
     cases = [
         ("3 blocks of 5 scores whose maxima rise (3 rows)", rising),
         ("3 blocks whose maxima fall", falling),
-        ("a first block entirely masked (-inf), then 2 ordinary blocks", masked_first),
+        ("a first block entirely masked (-inf) in every row, then 2 ordinary blocks", masked_first),
+        ("a first block masked in rows 0 and 2 only (padding), then 2 ordinary blocks", some_rows),
+        ("row 1 masked in every block (no key allowed), rows 0 and 2 ordinary", dead_row),
         ("a single block of 6 scores (2 rows)", single),
     ]
     out = []
@@ -232,7 +273,8 @@ def check_online_softmax_update(fn: Callable, seed: int = 0) -> CheckResult:
         unknown_hint="Check in order: m' = max(m, s.amax(-1)); ref = where(m' == -inf, 0, m'); alpha = exp(m - ref); "
                      "p = exp(s - ref[..., None]); l' = alpha l + p.sum(-1); acc' = alpha[..., None] acc + (p[..., None] v).sum(-2).",
         pass_message="PASS: your update, folded over the blocks, equals helpers.flash.online_softmax_update (output "
-                     "acc / l, m, l and acc) with rising and falling maxima, a fully masked first block and a single block.",
+                     "acc / l, m, l and acc) with rising and falling maxima, a first block masked in every row, a first block "
+                     "masked in some rows only, a row masked in every block, and a single block.",
     )
 
 
@@ -247,6 +289,12 @@ def merge_partials_solution(o1, lse1, o2, lse2):
     o = (w1.unsqueeze(-1) * o1 + w2.unsqueeze(-1) * o2) / safe.unsqueeze(-1)
     lse = torch.where(total == 0, torch.full_like(total, NEG_INF), big + torch.log(safe))
     return o, lse
+
+
+def _both_empty_nan(o1, lse1, o2, lse2):
+    lse = torch.logaddexp(lse1, lse2)                  # -inf when both parts are empty
+    w1, w2 = torch.exp(lse1 - lse), torch.exp(lse2 - lse)                  # -inf - (-inf) = NaN there
+    return w1.unsqueeze(-1) * o1 + w2.unsqueeze(-1) * o2, lse
 
 
 def _averaged(o1, lse1, o2, lse2):
@@ -286,6 +334,7 @@ MERGE_MISTAKES: dict[str, Callable] = {
     "lse_max_only": _lse_max,
     "no_max_subtracted": _no_max_subtracted,
     "outputs_summed": _unnormalised_sum,
+    "nan_when_both_empty": _both_empty_nan,
 }
 
 MERGE_ADVICE: dict[str, str] = {
@@ -312,6 +361,12 @@ MERGE_ADVICE: dict[str, str] = {
     "outputs_summed": (
         "Partial outputs summed (outputs_summed): each o_i is already normalised over its own keys (an "
         "average of values); weight them by e^{lse_i - lse}, which sum to 1."
+    ),
+    "nan_when_both_empty": (
+        "NaN when both parts are empty (nan_when_both_empty): lse = logaddexp(lse_1, lse_2) is right, but where "
+        "both are -inf (a query with no allowed key in either part) e^{lse_i - lse} = e^{-inf - (-inf)} = NaN. "
+        "Subtract a shift that is 0 where max(lse_1, lse_2) = -inf, and divide by w_1 + w_2 only where it is > 0: "
+        "the result there is o = 0, lse = -inf."
     ),
 }
 
@@ -347,6 +402,12 @@ def _merge_inputs(seed: int) -> list[TestInput]:
     cases.append(("the second part empty (lse -inf, output 0)", (o1, l1, torch.zeros(2, 2, 1, 4), torch.full((2, 2, 1), NEG_INF))))
     cases.append(("parts of unequal mass, 3 queries", (draw(1, 1, 3, 6), draw(1, 1, 3, scale=3),
                                                         draw(1, 1, 3, 6), draw(1, 1, 3, scale=3, shift=-2))))
+    o1, l1, o2, l2 = draw(1, 2, 3, 4), draw(1, 2, 3), draw(1, 2, 3, 4), draw(1, 2, 3, shift=1.0)
+    for t in (o1, o2):
+        t[:, :, 2] = 0.0                               # query 2: both parts empty (no allowed key at all)
+    for t in (l1, l2):
+        t[:, :, 2] = NEG_INF
+    cases.append(("both parts empty for query 2 of 3 (output 0, lse -inf)", (o1, l1, o2, l2)))
     return [TestInput(label, args, "merge(o1, lse1, o2, lse2)") for label, args in cases]
 
 
@@ -363,6 +424,6 @@ def check_merge_partials(fn: Callable, seed: int = 0) -> CheckResult:
         fn, _merge_call, _merge_reference, MERGE_MISTAKES, MERGE_ADVICE, _merge_inputs(seed),
         unknown_hint="Check: big = max(lse1, lse2) (0 where -inf); w_i = exp(lse_i - big); o = (w1 o1 + w2 o2) / (w1 + w2); "
                      "lse = big + log(w1 + w2).",
-        pass_message="PASS: your merge equals helpers.flash.merge_attention_partials (output and log-sum-exp) on 4 inputs: "
-                     "ordinary, large log-sum-exps (about 200), an empty part, unequal masses.",
+        pass_message="PASS: your merge equals helpers.flash.merge_attention_partials (output and log-sum-exp) on 5 inputs: "
+                     "ordinary, large log-sum-exps (about 200), an empty part, unequal masses, both parts empty.",
     )
