@@ -21,18 +21,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import platform
 import sys
 import time
 from pathlib import Path
 
-import torch
-
 HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:           # run as a file from the repository root: make `helpers` importable
     sys.path.insert(0, str(HERE.parent))
-
-from helpers import sweep  # noqa: E402
 
 RESULTS = HERE / "results" / "04_attention_dropout.json"
 _spec = importlib.util.spec_from_file_location("regularization_ablation", HERE / "regularization_ablation.py")
@@ -55,7 +50,7 @@ def run(seed: int, arm: str) -> dict:
 
 
 def measure(seeds=SEEDS, arms=tuple(ARMS)) -> dict:
-    return {arm: sweep(lambda seed, arm=arm: run(seed, arm), seeds).runs for arm in arms}
+    return ablation.measure_arms(run, seeds, arms)
 
 
 def main() -> None:
@@ -66,8 +61,7 @@ def main() -> None:
         "script": "experiments/04_attention_dropout.py",
         "seeds": SEEDS, "settings": SETTINGS, "arms": ARMS,
         "curve_steps": list(range(SETTINGS["eval_every"], SETTINGS["steps"] + 1, SETTINGS["eval_every"])),
-        "machine": {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-                    "python": sys.version.split()[0], "platform": platform.platform(), "processor": platform.machine()},
+        "machine": ablation.machine(),
         "seconds": round(time.perf_counter() - t0),
         "runs": runs,
     }

@@ -26,9 +26,9 @@ Run from the repository root:  ``python experiments/04_layernorm_warmup.py``. It
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
-import platform
 import sys
 import time
 from pathlib import Path
@@ -39,7 +39,12 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:           # run as a file from the repository root: make `helpers` importable
     sys.path.insert(0, str(HERE.parent))
 
-from helpers import CopyTask, TinyTransformer, sweep, train  # noqa: E402
+from helpers import CopyTask, TinyTransformer, train  # noqa: E402
+
+# the JSON record's helpers (machine(), measure_arms()) are shared with the other notebook-04 scripts
+_spec = importlib.util.spec_from_file_location("regularization_ablation", HERE / "regularization_ablation.py")
+ablation = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ablation)
 
 RESULTS = HERE / "results" / "04_layernorm_warmup.json"
 SEEDS = list(range(8))
@@ -96,7 +101,7 @@ def run(seed: int, arm: str, steps: int | None = None) -> dict:
 
 
 def measure(seeds=SEEDS, arms=tuple(ARMS)) -> dict:
-    return {arm: sweep(lambda seed, arm=arm: run(seed, arm), seeds).runs for arm in arms}
+    return ablation.measure_arms(run, seeds, arms)
 
 
 def main() -> None:
@@ -106,8 +111,7 @@ def main() -> None:
         "what": "notebook 04 section 5c: pre-LN vs post-LN with and without warm-up, 6-layer TinyTransformer, copy task",
         "script": "experiments/04_layernorm_warmup.py",
         "seeds": SEEDS, "settings": SETTINGS, "arms": ARMS,
-        "machine": {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-                    "python": sys.version.split()[0], "platform": platform.platform(), "processor": platform.machine()},
+        "machine": ablation.machine(),
         "seconds": round(time.perf_counter() - t0),
         "runs": runs,
     }

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import platform
 import sys
 import time

@@ -100,8 +100,19 @@ def run_config(seed: int, cfg: dict) -> dict:
     }
 
 
-def measure(seeds=SEEDS, arms=tuple(ARMS)) -> dict:
+def measure_arms(run, seeds, arms) -> dict:
+    """``{arm: [the metrics of run(seed, arm) for each seed]}``, each arm's seeds in one ``helpers.sweep``."""
     return {arm: sweep(lambda seed, arm=arm: run(seed, arm), seeds).runs for arm in arms}
+
+
+def machine() -> dict:
+    """What a committed result was computed on (torch, its CPU kernel level, Python, platform)."""
+    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "python": sys.version.split()[0], "platform": platform.platform(), "processor": platform.machine()}
+
+
+def measure(seeds=SEEDS, arms=tuple(ARMS)) -> dict:
+    return measure_arms(run, seeds, arms)
 
 
 def main() -> None:
@@ -112,8 +123,7 @@ def main() -> None:
         "script": "experiments/regularization_ablation.py",
         "seeds": SEEDS, "settings": SETTINGS, "arms": ARMS,
         "curve_steps": list(range(SETTINGS["eval_every"], SETTINGS["steps"] + 1, SETTINGS["eval_every"])),
-        "machine": {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-                    "python": sys.version.split()[0], "platform": platform.platform(), "processor": platform.machine()},
+        "machine": machine(),
         "runs": runs,
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,7 @@ repository that JupyterLab serves is deleted when the session ends.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -25,7 +26,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Mapping
@@ -216,3 +216,26 @@ def browser(lab):
             yield b
         finally:
             b.close()
+
+
+@contextlib.contextmanager
+def scratch_notebook(lab, browser, name: str, cells: list):
+    """Write a notebook of ``cells`` (nbformat cells) as ``notebooks/<name>`` in the lab's copy, open it
+    in a new page with no kernel session left from earlier tests, and yield the page once JupyterLab
+    shows it; the page is closed and the file removed afterwards."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = cells
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, lab.root / "notebooks" / name)
+    page = browser.new_page(viewport={"width": 1200, "height": 800})
+    try:
+        lab.delete_sessions()
+        page.goto(f"{lab.url}/lab/tree/{name}?token={lab.token}&reset", wait_until="domcontentloaded")
+        page.wait_for_function("() => !!window.jupyterapp && !!window.jupyterapp.shell.currentWidget && "
+                               f"window.jupyterapp.shell.currentWidget.title.label === '{name}'", timeout=120_000)
+        yield page
+    finally:
+        page.close()
+        (lab.root / "notebooks" / name).unlink(missing_ok=True)

@@ -4,27 +4,19 @@ fenced code inside it is rendered as code (a ``<pre>``), not as raw text. GitHub
 the same HTML; ``tests/test_solutions.py`` runs the code."""
 from __future__ import annotations
 
-import json
 
 import nbformat
+
+from .conftest import scratch_notebook
 
 SOLUTION = ("<details>\n<summary><b>Solution to exercise 1</b> (click to show)</summary>\n\n"
             "```python\nanswer = 6 * 7\nassert answer == 42\n```\n\nSome prose after the code.\n\n</details>\n")
 
 
 def test_a_details_solution_renders_folded_in_jupyterlab(lab, browser):
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_markdown_cell("# A solution folded\n\n## Exercises\n\n1. What is 6 x 7?"),
-                nbformat.v4.new_markdown_cell(SOLUTION)]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    name = "_details_folded_check.ipynb"
-    nbformat.write(nb, lab.root / "notebooks" / name)
-    page = browser.new_page(viewport={"width": 1200, "height": 800})
-    try:
-        lab.delete_sessions()
-        page.goto(f"{lab.url}/lab/tree/{name}?token={lab.token}&reset", wait_until="domcontentloaded")
-        page.wait_for_function("() => !!window.jupyterapp && !!window.jupyterapp.shell.currentWidget && "
-                               f"window.jupyterapp.shell.currentWidget.title.label === '{name}'", timeout=120_000)
+    cells = [nbformat.v4.new_markdown_cell("# A solution folded\n\n## Exercises\n\n1. What is 6 x 7?"),
+             nbformat.v4.new_markdown_cell(SOLUTION)]
+    with scratch_notebook(lab, browser, "_details_folded_check.ipynb", cells) as page:
         details = page.locator(".jp-MarkdownCell .jp-RenderedMarkdown details")
         details.first.wait_for(state="attached", timeout=60_000)
         assert details.count() == 1
@@ -39,6 +31,3 @@ def test_a_details_solution_renders_folded_in_jupyterlab(lab, browser):
         details.first.locator("summary").click()
         code.wait_for(state="visible", timeout=10_000)
         assert details.first.evaluate("(d) => d.open") is True
-    finally:
-        page.close()
-        (lab.root / "notebooks" / name).unlink(missing_ok=True)

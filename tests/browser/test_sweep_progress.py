@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import nbformat
 
+from .conftest import scratch_notebook
 from .test_lab_sliders import KERNEL_IDLE
 
 CELL = ("import time\nfrom helpers.sweep import sweep\n"
@@ -19,17 +20,7 @@ OUTPUTS = """() => window.jupyterapp.shell.currentWidget.content.widgets.find(c 
 
 
 def test_a_sweep_shows_progress_in_place_and_leaves_no_text(lab, browser):
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(CELL)]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    name = "_sweep_progress_check.ipynb"
-    nbformat.write(nb, lab.root / "notebooks" / name)
-    page = browser.new_page(viewport={"width": 1200, "height": 800})
-    try:
-        lab.delete_sessions()
-        page.goto(f"{lab.url}/lab/tree/{name}?token={lab.token}&reset", wait_until="domcontentloaded")
-        page.wait_for_function("() => !!window.jupyterapp && !!window.jupyterapp.shell.currentWidget && "
-                               f"window.jupyterapp.shell.currentWidget.title.label === '{name}'", timeout=120_000)
+    with scratch_notebook(lab, browser, "_sweep_progress_check.ipynb", [nbformat.v4.new_code_cell(CELL)]) as page:
         page.wait_for_function(KERNEL_IDLE, timeout=120_000)
         # record every state of the cell's rendered output while it runs (a snapshot each 100 ms, when it changed)
         page.evaluate("() => { window.__seen = []; setInterval(() => { const c = window.jupyterapp.shell.currentWidget"
@@ -50,6 +41,3 @@ def test_a_sweep_shows_progress_in_place_and_leaves_no_text(lab, browser):
         assert "sweep:" not in after, after                                  # and it is gone at the end
         kinds = [(o["output_type"], sorted(o.get("data", {}))) for o in outputs]
         assert ("display_data", ["image/png"]) in kinds, kinds
-    finally:
-        page.close()
-        (lab.root / "notebooks" / name).unlink(missing_ok=True)
