@@ -57,7 +57,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = ROOT / "notebooks"
-NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb")) + sorted((NOTEBOOK_DIR / "appendix").glob("[0-9][0-9]*_*.ipynb"))
 RUN_TIMEOUT_S = 600  # for all the solutions of one notebook; each is meant to take < 3 s
 
 

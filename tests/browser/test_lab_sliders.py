@@ -26,7 +26,7 @@ import pytest
 from .conftest import REPORT
 
 REPO = Path(__file__).resolve().parents[2]
-NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb")) + sorted((REPO / "notebooks" / "appendix").glob("[0-9][0-9]*_*.ipynb"))
 HANG_MS = 10_000  # a redraw slower than this is a failure, not a latency
 
 KERNEL_IDLE = """() => {
