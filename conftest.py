@@ -1,8 +1,8 @@
 """Progress lines for the one test command (`python -m pytest`).
 
-pytest's quiet output shows one dot per test and nothing else, so the three minutes of
-nbval (seven notebooks re-executed cell by cell) and of the browser tests (JupyterLab in
-headless Chromium) looked hung. These hooks name each notebook as nbval starts it and
+pytest's quiet output shows one dot per test and nothing else, so the minutes of nbval
+(every notebook re-executed cell by cell) and of the browser tests (JupyterLab in headless
+Chromium) looked hung. These hooks name each notebook as nbval starts it and
 announce the browser part before it begins. They only print; they change no test.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ def pytest_runtest_logstart(nodeid: str, location) -> None:
     elif "/browser/" in path and "browser" not in _seen:
         _seen.add("browser")
         _write(_CONFIG, "[browser] JupyterLab in headless Chromium: the cells each explorer needs run, every slider moved "
-                        "(about 2 minutes)")
+                        "(a few minutes)")
 
 
 _CONFIG = None

@@ -229,7 +229,9 @@ class MultiHeadAttention(nn.Module):
     plain attributes so later notebooks can change them (NTK scaling of the base), and
     fractional ``positions`` give position interpolation.
 
-    Two computation paths, same numbers up to float rounding:
+    Two computation paths, same numbers up to float rounding (one exception: a float16 module
+    with a finite ``finfo(float16).min`` float mask and a fully masked row, whose output differs
+    between the paths, as helpers' and torch's SDPA do there; notebook 03 §4a; a bool mask agrees):
 
     * **explicit** (:func:`scaled_dot_product_attention` above): used when
       ``need_weights=True``, when a ``head_mask`` is given, or when attention dropout is

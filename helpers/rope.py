@@ -133,11 +133,16 @@ def _positions_tensor(
     """
     if positions is None:
         return torch.arange(seq, device=device, dtype=dtype)
+    raw = positions if isinstance(positions, torch.Tensor) else torch.as_tensor(positions)
     if isinstance(positions, torch.Tensor):
         _check_positions_dtype(positions)
-        pos = positions.to(device=device, dtype=dtype)
-    else:
-        pos = torch.as_tensor(positions, device=device, dtype=dtype)
+    if (dtype == torch.float32 and not raw.is_floating_point() and raw.device.type != "meta" and raw.numel()
+            and int(raw.abs().max()) > 2**24):
+        raise ValueError(
+            "positions must be at most 2**24 = 16777216 in absolute value when the angles are float32 (float32 "
+            f"holds integers exactly only up to 2**24; larger ones are rounded), got {int(raw.abs().max())}; "
+            "rotate float64 input to get float64 angles")
+    pos = raw.to(device=device, dtype=dtype)
     if pos.dim() == 0 or pos.shape[-1] != seq:
         raise ValueError(
             "positions must have one entry per sequence position (last dimension = seq = "
@@ -436,6 +441,8 @@ def apply_rope_matrix(
     pos = _positions_tensor(positions, seq, x.device, adt)
     if pos.dim() != 1:
         raise ValueError(f"positions must be 1-D (seq,) for apply_rope_matrix, got shape {tuple(pos.shape)}")
+    if x.device.type == "meta":  # no values to build R_p from: the output's shape and dtype are x's
+        return torch.empty_like(x)
     R = torch.stack([rotation_matrix(float(p), d, base, dtype=adt, device=x.device) for p in pos])
     out = torch.einsum("mij,...mj->...mi", R, x.to(adt))
     return out.to(x.dtype)
@@ -539,7 +546,7 @@ def _cached_tables(
 
     Meta's Llama (``freqs_cis``) and vLLM (``cos_sin_cache``) keep such a table instead of
     recomputing ``seq * d/2`` cosines and sines; Hugging Face ``transformers`` 5.24 keeps none
-    and recomputes cos/sin once per forward, shared by all layers (notebooks 02 §6 and 07 §6).
+    and recomputes cos/sin once per forward, shared by all layers (appendix notebook 02a §2 and notebook 07 §6).
     """
     with torch.inference_mode(False), torch.no_grad():  # a table built under inference_mode must serve training later
         cos, sin = _cos_sin(seq, head_dim, base, None, torch.device(device), adt)
@@ -587,8 +594,8 @@ def apply_rope(
     ``interleaved_to_half``-permuted coordinates:
     ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = cat(-x[d/2:], x[:d/2])``.
 
-    How it is made fast in eager PyTorch (``notebooks/02_rope_efficient.ipynb`` measures
-    each step): the cos/sin table for positions ``0 .. seq-1`` is memoised; for float32
+    How it is made fast in eager PyTorch (``notebooks/appendix/02a_rope_cost_on_a_cpu.ipynb``
+    measures each step): the cos/sin table for positions ``0 .. seq-1`` is memoised; for float32
     and float64 input in the interleaved layout the pairs are viewed (no copy) as complex
     numbers and multiplied by :math:`e^{im\theta_i}` in a single vectorised pass, which
     computes exactly ``(a cos - b sin, b cos + a sin)``. float16/bfloat16 input (both

@@ -1,6 +1,6 @@
 r"""A fused RoPE kernel for float16/bfloat16 input on the CPU: one pass over memory.
 
-Taught in ``notebooks/02_rope_efficient.ipynb`` (§6, *bfloat16 and float16*) and used by
+Taught in ``notebooks/appendix/02a_rope_cost_on_a_cpu.ipynb`` (§3, *bfloat16 and float16*) and used by
 :func:`helpers.apply_rope` whenever it can be (see :func:`status`).
 
 Why it exists. In eager PyTorch every element-wise operator is one pass over memory, and
@@ -58,6 +58,7 @@ kernel opens no parallel region.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import ctypes
 import hashlib
 import os
@@ -316,7 +317,9 @@ _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None
 _reason: Optional[str] = None  # why the kernel is unavailable (None: not tried yet, or available)
 _tried = False
-_disabled_depth = 0
+# How deep the current thread/context is inside ``disabled()`` blocks: per context, so a block in one thread does
+# not switch the kernel off in another.
+_disabled_depth: contextvars.ContextVar[int] = contextvars.ContextVar("helpers_rope_kernel_disabled", default=0)
 
 
 def _compiler() -> Optional[str]:
@@ -435,7 +438,7 @@ def _own_threads_library() -> Optional[ctypes.CDLL]:
 def fused_rope_own_threads(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
     """The forward pass of :func:`fused_rope` computed by the same C loop built without OpenMP,
     on threads of its own started for each call: the same bits, for timing the two arrangements
-    side by side (notebook 02 §6, ``benchmarks/rope_bench.py``). No gradient. Raises
+    side by side (appendix notebook 02a §3, ``benchmarks/rope_bench.py``). No gradient. Raises
     ``ValueError`` where :func:`can_use` is false or no compiler is available."""
     if layout not in ("interleaved", "half"):
         raise ValueError(f"layout must be 'interleaved' or 'half', got {layout!r}")
@@ -487,12 +490,11 @@ def _env_disabled() -> bool:
 def disabled() -> Iterator[None]:
     """Within this block :func:`helpers.apply_rope` uses PyTorch operators only (to compare
     the two paths, or to time the fallback)."""
-    global _disabled_depth
-    _disabled_depth += 1
+    token = _disabled_depth.set(_disabled_depth.get() + 1)
     try:
         yield
     finally:
-        _disabled_depth -= 1
+        _disabled_depth.reset(token)
 
 
 def status(dtype: torch.dtype = torch.bfloat16) -> str:
@@ -501,7 +503,7 @@ def status(dtype: torch.dtype = torch.bfloat16) -> str:
         return f"not used for {dtype}: the kernel is for float16/bfloat16 (float32 takes one complex multiply)"
     if _env_disabled():
         return "not used: HELPERS_FUSED_ROPE=0"
-    if _disabled_depth:
+    if _disabled_depth.get():
         return "not used: inside helpers.rope_kernel.disabled()"
     lib = _load()
     if lib is None:
@@ -515,7 +517,8 @@ def status(dtype: torch.dtype = torch.bfloat16) -> str:
 def _dual_level_active() -> bool:
     """Whether a forward-mode AD level is open (``with torch.autograd.forward_ad.dual_level()``):
     outside one no tensor carries a tangent, and the checks below are skipped."""
-    return getattr(torch.autograd.forward_ad, "_current_level", 0) >= 0
+    # -1 when the private attribute is missing (a renamed one must not read as "a level is open")
+    return getattr(torch.autograd.forward_ad, "_current_level", -1) >= 0
 
 
 def _has_tangent(t: torch.Tensor) -> bool:
@@ -535,8 +538,10 @@ def _is_wrapped(t: torch.Tensor) -> bool:
 
 def can_use(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     """Whether :func:`fused_rope` applies to these tensors (see the module docstring)."""
-    if _disabled_depth or _env_disabled():
+    if _disabled_depth.get() or _env_disabled():
         return False
+    if x.is_neg() or x.is_conj():
+        return False  # a lazy negation (or conjugation) bit: data_ptr() holds the un-negated values
     if type(x) is not torch.Tensor or type(cos) is not torch.Tensor or type(sin) is not torch.Tensor:
         return False  # tensor subclasses (FakeTensor, ...) have no memory to hand to C
     if any(_is_wrapped(t) for t in (x, cos, sin)):

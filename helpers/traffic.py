@@ -1,7 +1,7 @@
 """Count the memory traffic of a piece of PyTorch code: operations, new buffers, bytes, strides.
 
-Taught in ``notebooks/02_rope_efficient.ipynb`` (section 6): an element-wise RoPE is
-memory-bound, so what makes one implementation faster than another is how many times
+Taught in ``notebooks/appendix/02a_rope_cost_on_a_cpu.ipynb`` (§2; notebook 02 §6 states the point):
+an element-wise RoPE is memory-bound, so what makes one implementation faster than another is how many times
 it passes over memory. :class:`MemoryTraffic` logs, for every call into torch's Python
 API made inside a ``with`` block, the bytes it reads and writes, whether it allocates a
 new full-size buffer, and whether it touches a non-contiguous (strided) last dimension.

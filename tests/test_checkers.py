@@ -194,8 +194,23 @@ def test_rope_bfloat16_input_is_where_bf16_angles_show():
     r = check_rope_half(ROPE_HALF_MISTAKES["angles_in_input_dtype"])
     assert r.failed_input == "on x (1, 2, 7, 16) bfloat16 at positions 3000..3006"
     assert r.max_abs_diff > 1.0  # radians off, not rounding
-    # float32 throughout (no cast back to bfloat16) is within the bfloat16 tolerance: a PASS
-    assert check_rope_half(lambda x, positions=None: rope_half_solution(x.float(), positions)).passed
+    # float32 throughout, cast back to bfloat16 at the end, is within the bfloat16 tolerance: a PASS
+    assert check_rope_half(lambda x, positions=None: rope_half_solution(x.float(), positions).to(x.dtype)).passed
+    # without the cast back the numbers are right but the dtype is not (attention would then mix dtypes): named
+    r = check_rope_half(lambda x, positions=None: rope_half_solution(x.float(), positions))
+    assert not r.passed and r.diagnosis == "output_dtype" and "torch.float32 for torch.bfloat16" in r.message
+
+
+def test_rope_theta_exponent_slip_is_named():
+    def rope(x, positions=None):
+        seq, d = x.shape[-2], x.shape[-1]
+        pos = torch.arange(seq) if positions is None else positions
+        angle = pos.float()[:, None] * 10000.0 ** (-torch.arange(d // 2, dtype=torch.float32) / d)
+        c, s = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).flatten(-2)
+
+    assert check_rope_interleaved(rope).diagnosis == "theta_exponent_i_over_d"
 
 
 def test_sdpa_reference_equals_torch():

@@ -32,6 +32,7 @@ def test_ablation_results_file_matches_the_script(ablation):
             assert abs(sum(r["val_acc_by_query"]) / 4 - r["val_acc"]) < 1e-6
 
 
+@pytest.mark.slow  # re-trains: the full check (.ci/run), not the README's command
 @pytest.mark.parametrize("arm", ["none", "dropout 0.1"])
 def test_two_seeds_rerun_inside_the_committed_spread(ablation, arm):
     data = json.loads(ablation.RESULTS.read_text())

@@ -39,6 +39,7 @@ def test_attention_dropout_file_matches_the_script(attn, experiment_script):
             assert abs(sum(r["val_acc_by_query"]) / 4 - r["val_acc"]) < 1e-6
 
 
+@pytest.mark.slow  # re-trains: the full check (.ci/run), not the README's command
 def test_attention_dropout_two_seeds_rerun_inside_the_committed_spread(attn):
     data = json.loads(attn.RESULTS.read_text())
     arm = "attention dropout 0.1"
@@ -78,6 +79,7 @@ def test_lr_factor_is_the_rescaled_transformer_schedule(ln):
         ln.lr_factor(0, W, True)
 
 
+@pytest.mark.slow  # re-trains: the full check (.ci/run), not the README's command
 def test_layernorm_two_runs_rerun_on_the_committed_side(ln):
     data = json.loads(ln.RESULTS.read_text())
     s = ln.SETTINGS

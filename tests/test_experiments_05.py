@@ -50,6 +50,7 @@ def test_saved_model_loads_and_solves_the_task(ex05):
     assert evaluate(model, split.val)[1] >= 0.99 and evaluate(model, test)[1] >= 0.99
 
 
+@pytest.mark.slow  # re-trains: the full check (.ci/run), not the README's command
 @pytest.mark.parametrize("heads", [1, 4])
 def test_two_seeds_rerun_inside_the_committed_spread(ex05, committed, heads):
     runs = committed["two_layer"]["runs"][f"{heads} head(s)"]
@@ -80,6 +81,7 @@ def test_wide_head_equals_multi_head_attention_at_equal_width(ex05):
     assert model(torch.zeros(2, 12, dtype=torch.long)).shape == (2, 12, 72)
 
 
+@pytest.mark.slow  # re-trains: the full check (.ci/run), not the README's command
 def test_new_keys_were_added_without_rerunning_the_old_ones(committed, ex05):
     assert committed["pruning_budget"]["seeds"] == committed["pruning"]["seeds"]
     for rec in committed["pruning_budget"]["runs"]:
@@ -87,6 +89,7 @@ def test_new_keys_were_added_without_rerunning_the_old_ones(committed, ex05):
     assert {"pruning_budget", "one_layer_head_only"} <= set(committed["seconds"])
 
 
+@pytest.mark.slow  # re-trains: the full check (.ci/run), not the README's command
 def test_pruning_budget_two_seeds_rerun_inside_the_committed_spread(ex05, committed):
     """The first 400 of the 1200 steps (constant learning rate: the same steps), pruned at step 400 by
     importance (one random order only: the random baseline is not what this checks)."""
@@ -104,6 +107,7 @@ def test_pruning_budget_two_seeds_rerun_inside_the_committed_spread(ex05, commit
             assert min(va) - 0.05 <= rec[key]["val_acc"] <= max(va) + 0.05, (seed, step, rec[key]["val_acc"], va)
 
 
+@pytest.mark.slow  # re-trains: the full check (.ci/run), not the README's command
 def test_one_layer_head_only_two_seeds_rerun_inside_the_committed_spread(ex05, committed):
     runs = committed["one_layer_head_only"]["runs"]
     res = sweep(functools.partial(ex05.run_one_layer_head_only, lrs=(0.002,)), [0, 1])  # the rate where it learned once

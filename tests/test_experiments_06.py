@@ -40,6 +40,7 @@ def test_results_file_is_complete(exp, results):
             assert len(run[f"{name}/{s}/bypos"]) == 4 * exp.L
 
 
+@pytest.mark.slow  # re-trains: the full check (.ci/run), not the README's command
 @pytest.mark.parametrize("seed", [0, 5])
 def test_two_seeds_fall_inside_the_committed_spread(exp, results, seed):
     helpers.seed_everything(seed)
@@ -72,6 +73,7 @@ def test_partial_shift_of_all_pairs_equals_the_offset_argument(exp):
     assert exp.partial_shift_accuracy(model, val, 10, []) == evaluate(model, val)[1]
 
 
+@pytest.mark.slow  # re-trains: the full check (.ci/run), not the README's command
 @pytest.mark.parametrize("seed", [0, 5])
 def test_alias_two_seeds_fall_inside_the_committed_spread(exp, results, seed):
     helpers.seed_everything(seed)
@@ -81,6 +83,7 @@ def test_alias_two_seeds_fall_inside_the_committed_spread(exp, results, seed):
         assert vals.min() - 0.05 <= rec <= vals.max() + 0.05, (key, rec, vals)
 
 
+@pytest.mark.slow  # re-trains: the full check (.ci/run), not the README's command
 def test_nope_probe_two_seeds_fall_inside_the_committed_spread(exp, results):
     res = helpers.sweep(functools.partial(exp.nope_probe_run, configs=("2 layers + start token",)), [0, 1])
     committed = results["nope_probe"]["runs"]
@@ -104,6 +107,7 @@ def test_t5_part_is_complete_and_the_other_arms_were_not_re_run(exp, results):
         assert not any(k.split("/")[1] in exp.SCHEMES for k in rec)  # only the new arms are in this part
 
 
+@pytest.mark.slow  # re-trains: the full check (.ci/run), not the README's command
 @pytest.mark.parametrize("seed", [3])
 def test_t5_one_seed_falls_inside_the_committed_spread(exp, results, seed):
     helpers.seed_everything(seed)

@@ -325,3 +325,22 @@ def test_notebook_inline_rotation_matrix_agrees_with_helpers():
         for base in [10.0, 10000.0]:
             for m in [0, 1, 5, 77, 1000]:
                 torch.testing.assert_close(inline(m, d, base), rotation_matrix(m, d, base, dtype=F64), atol=1e-12, rtol=0)
+
+
+# ------------------------------------------- integer positions past float32's exact range; the matrix form on meta
+def test_integer_positions_past_2_to_24_are_refused_for_float32_angles():
+    x = torch.ones(1, 1, 2)
+    helpers.apply_rope(x, torch.tensor([2**24]))  # the largest exact one is accepted
+    for pos in (torch.tensor([2**24 + 1]), [-(2**24) - 1]):
+        with pytest.raises(ValueError, match=r"positions must be at most 2\*\*24"):
+            helpers.apply_rope(x, pos)
+    # float64 input rotates with float64 angles, which hold these positions exactly
+    out = helpers.apply_rope(x.double(), torch.tensor([2**24 + 1]))
+    ref = helpers.apply_rope_matrix(x.double(), torch.tensor([2**24 + 1]))
+    torch.testing.assert_close(out, ref)
+
+
+def test_apply_rope_matrix_on_meta_gives_the_shape_and_dtype():
+    x = torch.empty(2, 3, 33, 16, device="meta", dtype=torch.bfloat16)
+    out = helpers.apply_rope_matrix(x)
+    assert out.device.type == "meta" and out.shape == x.shape and out.dtype == x.dtype

@@ -50,8 +50,10 @@ def tables(x: torch.Tensor, positions=None):
 
 
 def one_ulp_apart(a: torch.Tensor, b: torch.Tensor) -> bool:
-    fi = torch.finfo(a.dtype)
-    ulp = torch.clamp(fi.eps * torch.maximum(a.float().abs(), b.float().abs()), min=fi.tiny * fi.eps)  # subnormal spacing
+    # One ulp: the spacing above the larger magnitude, ``nextafter(m, inf) - m`` in the dtype itself (eps * |v| would
+    # allow almost two ulps just below a power of two); at 0 it is the smallest subnormal.
+    m = torch.maximum(a.abs(), b.abs())
+    ulp = (torch.nextafter(m, torch.full_like(m, float("inf"))) - m).float()
     return bool(((a.float() - b.float()).abs() <= ulp).all())
 
 
@@ -471,3 +473,34 @@ def test_own_threads_build_equals_the_reference(dtype, layout):
     x, cos, sin = _case("seq-sliced x", dtype, g)
     out = at_threads(3, K.fused_rope_own_threads, x, cos, sin, layout)
     assert torch.equal(out.view(torch.int16), numpy_reference(x, cos, sin, layout).view(torch.int16))
+
+
+@needs_kernel
+def test_a_lazily_negated_input_is_rotated_as_its_values():
+    """A neg-bit tensor (private API) holds -x in its metadata and +x in memory: the kernel must not see it."""
+    x = torch.randn(1, 2, 5, 8, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    neg = torch._neg_view(x)
+    assert neg.is_neg()
+    torch.testing.assert_close(apply_rope(neg), apply_rope(-x), atol=0, rtol=0)
+
+
+def test_disabled_is_per_thread():
+    import threading
+
+    seen = {}
+    inside, done = threading.Event(), threading.Event()
+
+    def other():
+        inside.wait(5)
+        seen["other"] = K.status(torch.bfloat16)
+        done.set()
+
+    t = threading.Thread(target=other)
+    t.start()
+    with K.disabled():
+        inside.set()
+        done.wait(5)
+        seen["here"] = K.status(torch.bfloat16)
+    t.join(5)
+    assert seen["here"] == "not used: inside helpers.rope_kernel.disabled()"
+    assert seen["other"] != "not used: inside helpers.rope_kernel.disabled()"

@@ -13,7 +13,8 @@ HTML comments, or display math. Notebooks under ``notebooks/appendix/`` are evid
 counted as "everything" only.
 
 Study time, from stated reading speeds (a learner reading technical English as a second language):
-English prose 100 words/min; Chinese 300 characters/min; a display formula 0.5 min; code 8 lines/min
+English prose 100 words/min (an inline formula counts as a word and 5 s more); Chinese 300 characters/min;
+a display formula 0.5 min; code 8 lines/min
 (read) plus 0.2 min to run each cell; printed output 20 lines/min; a figure 1 min; an exercise written
 from memory 30 min, any other exercise 8 min (the learner's study day of 2026-12-01 measured 20-40 min and
 8 min). The core time counts the core path; "everything" counts every cell, folds and
@@ -38,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 WORDS_PER_MIN = 100
 CJK_CHARS_PER_MIN = 300
 MIN_PER_FORMULA = 0.5
+MIN_PER_INLINE_FORMULA = 5 / 60
 CODE_LINES_PER_MIN = 8
 OUTPUT_LINES_PER_MIN = 20
 MIN_PER_FIGURE = 1.0
@@ -94,8 +96,10 @@ class Budget:
     core_code_lines: list[int] = field(default_factory=list)
     core_output_lines: int = 0
     core_figures: int = 0
-    exercises: int = 0
-    from_memory_exercises: int = 0
+    exercise_numbers: set = field(default_factory=set)
+    from_memory_numbers: set = field(default_factory=set)
+    core_inline_formulas: int = 0
+    all_inline_formulas: int = 0
     narration: list[str] = field(default_factory=list)
     all_words: int = 0
     all_cjk_chars: int = 0
@@ -112,6 +116,14 @@ class Budget:
         return statistics.median(self.core_code_lines) if self.core_code_lines else 0.0
 
     @property
+    def exercises(self) -> int:
+        return len(self.exercise_numbers)
+
+    @property
+    def from_memory_exercises(self) -> int:
+        return len(self.from_memory_numbers)
+
+    @property
     def exercise_minutes(self) -> float:
         other = self.exercises - self.from_memory_exercises
         return self.from_memory_exercises * MIN_PER_FROM_MEMORY_EXERCISE + other * MIN_PER_EXERCISE
@@ -121,28 +133,31 @@ class Budget:
         if self.appendix:
             return 0.0
         return (self.core_words / WORDS_PER_MIN + self.core_cjk_chars / CJK_CHARS_PER_MIN
-                + self.core_formulas * MIN_PER_FORMULA + sum(self.core_code_lines) / CODE_LINES_PER_MIN + self.core_code_cells * MIN_PER_CELL_RUN
+                + self.core_formulas * MIN_PER_FORMULA + self.core_inline_formulas * MIN_PER_INLINE_FORMULA
+                + sum(self.core_code_lines) / CODE_LINES_PER_MIN + self.core_code_cells * MIN_PER_CELL_RUN
                 + self.core_output_lines / OUTPUT_LINES_PER_MIN + self.core_figures * MIN_PER_FIGURE
                 + self.exercise_minutes)
 
     @property
     def all_minutes(self) -> float:
         return (self.all_words / WORDS_PER_MIN + self.all_cjk_chars / CJK_CHARS_PER_MIN
-                + self.all_formulas * MIN_PER_FORMULA + self.all_code_lines / CODE_LINES_PER_MIN
+                + self.all_formulas * MIN_PER_FORMULA + self.all_inline_formulas * MIN_PER_INLINE_FORMULA
+                + self.all_code_lines / CODE_LINES_PER_MIN
                 + self.all_code_cells * MIN_PER_CELL_RUN
                 + self.all_output_lines / OUTPUT_LINES_PER_MIN + self.all_figures * MIN_PER_FIGURE
                 + self.exercise_minutes)
 
 
-def _strip_markup(text: str) -> tuple[str, int]:
-    """Markdown to countable prose: (text, number of display formulas removed)."""
+def _strip_markup(text: str) -> tuple[str, int, int]:
+    """Markdown to countable prose: (text, display formulas removed, inline formulas)."""
     text = COMMENT_RE.sub(" ", text)
     formulas = len(DISPLAY_MATH_RE.findall(text))
     text = DISPLAY_MATH_RE.sub(" ", text)
     text = FENCE_RE.sub(" ", text)
+    inline = len(INLINE_MATH_RE.findall(text))
     text = INLINE_MATH_RE.sub(" MATH ", text)
     text = TAG_RE.sub(" ", text)
-    return text, formulas
+    return text, formulas, inline
 
 
 def count_words(text: str) -> tuple[int, int]:
@@ -206,12 +221,16 @@ def measure(path: Path) -> Budget:
         src = _source(cell)
         if cell["cell_type"] == "markdown":
             # A heading opens a section; a cell may hold several headings: split it at each.
-            chunks, current = [], []
+            # Lines inside a code fence or a <details> fold are never headings.
+            chunks, current, fenced, folds = [], [], False, 0
             for line in src.splitlines():
-                if HEADING_RE.match(line) and current:
+                if HEADING_RE.match(line) and current and not fenced and folds == 0:
                     chunks.append("\n".join(current))
                     current = []
                 current.append(line)
+                if line.lstrip().startswith("```"):
+                    fenced = not fenced
+                folds += len(re.findall(r"<details\b", line, re.IGNORECASE)) - len(re.findall(r"</details>", line, re.IGNORECASE))
             chunks.append("\n".join(current))
             for chunk in chunks:
                 first = chunk.splitlines()[0] if chunk else ""
@@ -228,21 +247,24 @@ def measure(path: Path) -> Budget:
                     if level <= 2:
                         in_exercises = title.lower().startswith("exercises")
                     if level >= 3 and re.match(r"exercises?\b", title, re.IGNORECASE) and not optional:
-                        if re.match(r"exercise\s+\d+\b", title, re.IGNORECASE):
-                            b.exercises += 1
+                        number = re.match(r"exercise\s+(\d+)\b", title, re.IGNORECASE)
+                        if number:  # "### Exercise 6: ..." and the list item "6." are one exercise
+                            b.exercise_numbers.add(int(number.group(1)))
                             if re.search(r"from memory|默写", title, re.IGNORECASE):
-                                b.from_memory_exercises += 1
+                                b.from_memory_numbers.add(int(number.group(1)))
                 self_core = not section.optional
                 # Everything: folds included.
-                all_text, all_f = _strip_markup(chunk)
+                all_text, all_f, all_i = _strip_markup(chunk)
+                b.all_inline_formulas += all_i
                 w, c = count_words(all_text)
                 b.all_words, b.all_cjk_chars, b.all_formulas = b.all_words + w, b.all_cjk_chars + c, b.all_formulas + all_f
                 if not self_core:
                     continue
                 core_chunk = DETAILS_RE.sub(" ", chunk)
                 if in_exercises and not section.title.lower().startswith("exercise "):
-                    b.exercises += len(re.findall(r"^\d+\.\s", core_chunk, re.MULTILINE))
-                text, f = _strip_markup(core_chunk)
+                    b.exercise_numbers.update(int(n) for n in re.findall(r"^(\d+)\.\s", core_chunk, re.MULTILINE))
+                text, f, inline = _strip_markup(core_chunk)
+                b.core_inline_formulas += inline
                 w, c = count_words(text)
                 b.core_words += w
                 b.core_cjk_chars += c
@@ -335,7 +357,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps([{**{k: v for k, v in asdict(r).items() if k != "sections"},
                            "core_minutes": round(r.core_minutes, 1), "all_minutes": round(r.all_minutes, 1),
-                           "median_code_lines": r.median_code_lines} for r in results], ensure_ascii=False, indent=1))
+                           "median_code_lines": r.median_code_lines, "exercises": r.exercises,
+                           "from_memory_exercises": r.from_memory_exercises} for r in results],
+                         ensure_ascii=False, indent=1, default=sorted))
         return 0
     print(f"{'notebook':44} {'words':>6} {'中文':>5} {'>40w':>5} {'cells':>5} {'med':>4} {'core':>6} {'all':>6}")
     for r in results:

@@ -98,12 +98,13 @@ SDPA_ADVICE: dict[str, str] = {
         "Causal mask inverted (mask_inverted): -inf went where the mask is True, so each query sees the "
         "future and not the past (the last query sees nothing: NaN). Block j > i: "
         "scores.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float('-inf')) "
-        "(or masked_fill(torch.triu(ones, 1), -inf))."
+        "(or masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), -inf): the mask must be bool)."
     ),
     "diagonal_masked": (
         "Diagonal masked (diagonal_masked): query i may see keys j <= i, itself included; you kept only "
         "j < i (tril(-1), or triu(ones) without diagonal=1), so the first query sees nothing (NaN) and "
-        "every other misses its own token. Use tril() (diagonal=0), or block triu(ones, diagonal=1)."
+        "every other misses its own token. Use tril() (diagonal=0), or block "
+        "torch.ones(L, L, dtype=torch.bool).triu(diagonal=1)."
     ),
     "scale_by_d_model": (
         "Wrong scale (scale_by_d_model): the scores are divided by sqrt(d_model) = sqrt(heads * d_k). "

@@ -514,8 +514,9 @@ def _check_mha(cls: type, d_model: int, num_heads: int, batch: int, seq: int, se
     return diagnose(
         _mha_runner(cls), _mha_reference, mistakes, _mha_inputs(d_model, num_heads, batch, seq, seed, bias),
         exception_kind="interface", unknown_hint=_MHA_UNKNOWN_HINT,
-        pass_message=f"PASS: {cls.__name__} matches helpers.MultiHeadAttention "
-                     f"(d_model={d_model}, num_heads={num_heads}) with and without a causal mask.",
+        pass_message=f"PASS: {cls.__name__} matches helpers.MultiHeadAttention (output and per-head weights, "
+                     f"d_model={d_model}, num_heads={num_heads}) on 5 inputs: no mask, causal, cross-attention "
+                     f"(Lq != Lk) with a key-padding mask, a batch of one of odd length, and a second width.",
     )
 
 

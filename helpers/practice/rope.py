@@ -26,7 +26,7 @@ from typing import Callable, Optional
 import torch
 
 from ..rope import apply_rope, rotation_matrix
-from .engine import CheckResult, TestInput, as_tensor_result, clone_args, run_check
+from .engine import CheckResult, Reject, TestInput, as_tensor_result, clone_args, run_check
 
 __all__ = [
     "check_rotation_matrix", "rotation_matrix_solution", "ROTATION_MATRIX_MISTAKES", "ROTATION_MATRIX_ADVICE",
@@ -47,13 +47,13 @@ def rotation_matrix_solution(m, d, base=10000):
     return R
 
 
-def _blocks(m, d, base, *, half=False, degrees=False, exponent=2, transposed=False):
+def _blocks(m, d, base, *, half=False, degrees=False, exponent=2, offset=0, transposed=False):
     """``R_m`` with one knob turned: pairs ``(i, i + d/2)``, angle read as degrees, ``theta_i =
-    base**(-exponent*i/d)``, or each 2x2 block transposed."""
+    base**(-exponent*(i + offset)/d)``, or each 2x2 block transposed."""
     R = torch.zeros(d, d, dtype=torch.float64)
     for i in range(d // 2):
         a, b = (i, i + d // 2) if half else (2 * i, 2 * i + 1)
-        angle = m * base ** (-exponent * i / d)
+        angle = m * base ** (-exponent * (i + offset) / d)
         if degrees:
             angle = math.radians(angle)
         c, s = math.cos(angle), math.sin(angle)
@@ -75,6 +75,14 @@ def _rm_exponent_i(m, d, base=10000):
     return _blocks(m, d, base, exponent=1)
 
 
+def _rm_exponent_dimension(m, d, base=10000):
+    return _blocks(m, d, base, exponent=4)
+
+
+def _rm_one_indexed(m, d, base=10000):
+    return _blocks(m, d, base, offset=1)
+
+
 def _rm_transposed(m, d, base=10000):
     return _blocks(m, d, base, transposed=True)
 
@@ -83,6 +91,8 @@ ROTATION_MATRIX_MISTAKES: dict[str, Callable] = {
     "half_layout_pairs": _rm_half_layout,
     "degrees_not_radians": _rm_degrees,
     "theta_exponent_i_over_d": _rm_exponent_i,
+    "theta_uses_dimension_index": _rm_exponent_dimension,
+    "theta_one_indexed": _rm_one_indexed,
     "transposed_blocks": _rm_transposed,
 }
 
@@ -100,6 +110,16 @@ ROTATION_MATRIX_ADVICE: dict[str, str] = {
         "Wrong frequency (theta_exponent_i_over_d): theta_i = base**(-i/d). Pair i rotates at "
         "theta_i = base**(-2i/d), i = 0 .. d/2 - 1, so the slowest pair is base**(-(d-2)/d), close to "
         "1/base (the exponent runs over the even dimensions 2i, as in the sinusoidal encoding)."
+    ),
+    "theta_uses_dimension_index": (
+        "Dimension index in the exponent (theta_uses_dimension_index): your theta is base**(-2j/d) with j the "
+        "dimension 2i (a loop over range(0, d, 2)), i.e. base**(-4i/d): every pair after the first turns too "
+        "slowly. With the loop variable j = 2i already even, write base**(-j/d); with the pair index i, base**(-2i/d)."
+    ),
+    "theta_one_indexed": (
+        "Pairs counted from 1 (theta_one_indexed): your theta_i is base**(-2(i+1)/d), so even pair 0 turns "
+        "slower than 1 rad per position. RoFormer's eq. 15 counts theta_1 .. theta_{d/2} = base**(-2(i-1)/d); "
+        "with i = 0 .. d/2 - 1 (as in the notes and in code) it is base**(-2i/d), and theta_0 = 1."
     ),
     "transposed_blocks": (
         "Transposed blocks (transposed_blocks): your blocks are [[cos, sin], [-sin, cos]], a rotation by "
@@ -154,12 +174,13 @@ def check_rotation_matrix(fn: Callable) -> CheckResult:
 
 
 # ======================================================= notebook 02: element-wise RoPE
-def _angles(x: torch.Tensor, positions, dtype: Optional[torch.dtype] = None, start: int = 0):
-    """cos, sin ``(seq, d/2)`` of ``m * 10000**(-2i/d)``, computed in ``dtype`` (float32 by default)."""
+def _angles(x: torch.Tensor, positions, dtype: Optional[torch.dtype] = None, start: int = 0, exponent: int = 2):
+    """cos, sin ``(seq, d/2)`` of ``m * 10000**(-exponent*i/d)`` (2 is right), computed in ``dtype`` (float32
+    by default)."""
     seq, d = x.shape[-2], x.shape[-1]
     dtype = torch.float32 if dtype is None else dtype
     pos = torch.arange(start, start + seq, device=x.device) if positions is None else positions
-    theta = 10000.0 ** (-torch.arange(0, d, 2, device=x.device, dtype=dtype) / d)  # (d/2,)
+    theta = 10000.0 ** (-exponent * torch.arange(0, d // 2, device=x.device, dtype=dtype) / d)  # (d/2,)
     angle = pos.to(dtype)[:, None] * theta                                           # (seq, d/2)
     return angle.cos().to(x.dtype), angle.sin().to(x.dtype)
 
@@ -249,7 +270,16 @@ def _start_at_1(layout: str) -> Callable:
     return rope
 
 
+def _exponent_i_over_d(layout: str) -> Callable:
+    def rope(x, positions=None):
+        return _rotate(x, *_angles(x, positions, exponent=1), layout)  # theta_i = 10000**(-i/d)
+
+    rope.__name__ = f"rope_{layout}_theta_exponent_i_over_d"
+    return rope
+
+
 ROPE_INTERLEAVED_MISTAKES: dict[str, Callable] = {
+    "theta_exponent_i_over_d": _exponent_i_over_d("interleaved"),
     "sin_sign_wrong_half": _il_sin_sign,
     "layouts_mixed": _mixed_rotate_half,
     "wrong_layout": rope_half_solution,
@@ -258,6 +288,7 @@ ROPE_INTERLEAVED_MISTAKES: dict[str, Callable] = {
 }
 
 ROPE_HALF_MISTAKES: dict[str, Callable] = {
+    "theta_exponent_i_over_d": _exponent_i_over_d("half"),
     "sin_sign_wrong_half": _half_sin_sign,
     "layouts_mixed": _mixed_rotate_half,
     "wrong_layout": rope_interleaved_solution,
@@ -266,6 +297,11 @@ ROPE_HALF_MISTAKES: dict[str, Callable] = {
 }
 
 ROPE_ADVICE: dict[str, str] = {
+    "theta_exponent_i_over_d": (
+        "Wrong frequency (theta_exponent_i_over_d): your theta_i = 10000**(-i/d) with i the pair index. Pair i "
+        "rotates at theta_i = 10000**(-2i/d), i = 0 .. d/2 - 1 (or 10000**(-j/d) with j = 0, 2, 4, ... the even "
+        "dimension, as torch.arange(0, d, 2) gives)."
+    ),
     "sin_sign_wrong_half": (
         "Sign of sin on the wrong member of each pair (sin_sign_wrong_half): you rotate by -m*theta_i. "
         "The rotation is (a cos - b sin, b cos + a sin): the first member gets -b*sin. Interleaved: "
@@ -303,7 +339,14 @@ _ROPE_VARIANTS = [("layouts_mixed", _mixed_every_two)]
 def _rope_call(f: Callable) -> Callable:
     def run(x, positions):
         args = clone_args([x] if positions is None else [x, positions])
-        return as_tensor_result(f(*args), f"a tensor of shape {tuple(x.shape)}")
+        out = as_tensor_result(f(*args), f"a tensor of shape {tuple(x.shape)}")
+        if out.dtype != x.dtype and out.shape == x.shape:
+            # A float32 result for bfloat16 input: the numbers may be right, but attention then mixes dtypes
+            # (F.scaled_dot_product_attention refuses q, k in float32 with v in bfloat16).
+            raise Reject("output_dtype", f"your rope returned {out.dtype} for {x.dtype} input: return the rotated x in "
+                         "its own dtype (compute the angles and the rotation in float32, then cast the result with "
+                         ".to(x.dtype) or .type_as(x))", float("inf"))
+        return out
 
     return run
 

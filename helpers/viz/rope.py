@@ -94,7 +94,7 @@ def plot_scores_vs_bound(
     ax.axhline(0, color="0.6", lw=0.8)
     ax.set_xscale("symlog", linthresh=10)
     ax.set_xlim(0, float(np.max(distance)))
-    ax.set_xlabel("relative distance r = |m - n| (positions; linear to 10, log beyond)")
+    ax.set_xlabel("relative distance r = |n - m| (positions; linear to 10, log beyond)")
     ax.set_ylabel("normalised (÷ value at r = 0)")
     ax.set_title(title or f"what decays with distance, normalised (d = {head_dim})", fontsize=9)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=2, frameon=False)
@@ -232,7 +232,7 @@ def rope_explorer(head_dim: int = 64, max_distance: int = 256, m: int = 5, pair:
     ax_d.set_ylim(0, 1.05 * (head_dim / 2 + 1) / 2)  # the bound's maximum, at distance 0, for every base
     ax_d2.set_ylim(-0.45 * head_dim, 1.05 * head_dim)  # the all-ones score starts at d
     ax_d.set_xlim(0, max_distance)
-    ax_d.set_xlabel("relative distance m - n (positions)")
+    ax_d.set_xlabel("relative distance |n - m| (positions)")
     ax_d.set_ylabel("bound")
     ax_d2.set_ylabel("score")
     ax_d.set_title("long-term decay")
