@@ -160,7 +160,8 @@ def scaled_dot_product_attention(
     Returns:
         ``(output, weights)``: ``output`` ``(..., seq_q, d_v)``; ``weights``
         ``(..., seq_q, seq_k)``, the softmax probabilities *before* dropout (each row sums
-        to 1, or to 0 for a fully masked row), as ``nn.MultiheadAttention`` returns them.
+        to 1, or to 0 for a fully masked row); ``nn.MultiheadAttention`` and Hugging Face's
+        eager attention return them *after* dropout in training mode (notebook 07 §3).
     """
     _check_tensor(q, "q", 2)
     _check_tensor(k, "k", 2)

@@ -41,6 +41,7 @@ requires ``seq_q == seq_k``. A query row with no allowed key gets output 0 and l
 from __future__ import annotations
 
 import math
+import numbers
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
@@ -90,6 +91,8 @@ def _check_qkv(q, k, v, causal, key_padding_mask, scale) -> tuple[int, float]:
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k and v must be on the same device, got {q.device}, {k.device} and {v.device}")
     B, H, Lq, d = q.shape
+    if d < 1:
+        raise ValueError(f"head_dim (dim -1 of q) must be at least 1, got q {tuple(q.shape)}")
     if k.shape[0] != B or v.shape[0] != B:
         raise ValueError(f"q, k and v must have the same batch size, got {q.shape[0]}, {k.shape[0]} and {v.shape[0]}")
     if k.shape[-1] != d:
@@ -114,7 +117,7 @@ def _check_qkv(q, k, v, causal, key_padding_mask, scale) -> tuple[int, float]:
                              f"got {tuple(key_padding_mask.shape)}")
     if scale is None:
         scale = 1.0 / math.sqrt(d)
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+    elif isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale) or scale <= 0:
         raise ValueError(f"scale must be a positive finite number (default 1/sqrt(head_dim)), got {scale!r}")
     return H // Hkv, float(scale)
 
@@ -170,6 +173,9 @@ def online_softmax_update(
             raise ValueError(f"acc must have shape (*m.shape, d) = {tuple(m.shape)} + (d,), got {tuple(acc.shape)}")
         if v.shape != s.shape + acc.shape[-1:]:
             raise ValueError(f"v must have shape (*s.shape, d) = {tuple(s.shape) + tuple(acc.shape[-1:])}, got {tuple(v.shape)}")
+    dtypes = {name: t.dtype for name, t in (("m", m), ("l", l), ("s", s), ("acc", acc), ("v", v)) if t is not None}
+    if len(set(dtypes.values())) > 1:
+        raise TypeError(f"m, l, s (and acc, v) must share one dtype, got {dtypes}")
     return _update(m, l, acc, s, v)
 
 
@@ -447,6 +453,7 @@ class FlashAttentionFunction(torch.autograd.Function):
         return out
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # lse is saved as an intermediate: a double backward would be wrong
     def backward(ctx, d_out):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = _flash_backward(q, k, v, out, lse, d_out, ctx.causal, ctx.key_padding_mask, ctx.scale,

@@ -266,7 +266,9 @@ def generate_with_series_attention(model: nn.Module, tokens: torch.Tensor, max_n
 
     Args:
         model: a ``LlamaForCausalLM`` (any ``rope_type`` :func:`mha_from_llama` accepts).
-        tokens: ``(batch, prompt_len)`` token ids, prompt_len >= 1.
+        tokens: ``(batch, prompt_len)`` token ids, prompt_len >= 1, unpadded: there is no
+            attention mask, so a left-padded batch would be decoded as if its pads were tokens
+            (Hugging Face's ``generate(attention_mask=...)`` masks them).
         max_new_tokens: int >= 0.
 
     Returns:

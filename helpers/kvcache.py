@@ -104,6 +104,9 @@ class KVCache:
             if key.dtype != old_k.dtype or key.device != old_k.device:
                 raise ValueError(f"new keys must have the cache's dtype and device ({old_k.dtype}, {old_k.device}), "
                                  f"got ({key.dtype}, {key.device})")
+            if value.dtype != old_v.dtype or value.device != old_v.device:  # else torch.cat silently promotes
+                raise ValueError(f"new values must have the cache's dtype and device ({old_v.dtype}, {old_v.device}), "
+                                 f"got ({value.dtype}, {value.device})")
         total = (0 if old_k is None else old_k.shape[-2]) + key.shape[-2]
         if self.max_len is not None and total > self.max_len:
             raise ValueError(f"the cache holds at most max_len={self.max_len} tokens; this update would make {total}")

@@ -457,3 +457,14 @@ def test_finite_float_mask_fully_masked_row_by_dtype():
                                          attn_mask=torch.full((1, 4), torch.finfo(torch.float16).min, dtype=torch.float16))
     unmasked = torch.softmax(k_low.float().flatten(), dim=0) @ v4.flatten()
     torch.testing.assert_close(ref.flatten()[0].float(), unmasked, atol=5e-3, rtol=0)
+
+
+def test_docstrings_say_nn_multiheadattention_returns_weights_after_dropout():
+    """07 §3 measures it: torch's F.multi_head_attention_forward applies dropout to the weights it returns."""
+    import inspect
+
+    import helpers.attention as A
+
+    doc = inspect.getdoc(A.scaled_dot_product_attention)
+    assert "as ``nn.MultiheadAttention`` returns them" not in doc
+    assert "*after* dropout" in doc

@@ -458,3 +458,28 @@ def test_notebook_08_memory_goal_bytes_are_exact():
     out_lse, working = 4 * L * d + 4 * L, fl.tiled_working_bytes(1, 1, blk, blk, d)
     assert tiled == out_lse + working + 4 * blk * blk + 3 * 4 * blk + blk == 1_987_840
     assert (round(masked / tiled), round(two / tiled)) == (101, 68)
+
+
+def test_flash_refuses_double_backward_instead_of_a_wrong_hessian():
+    """lse is saved as an intermediate, so a graph through the backward would miss it: refused, not wrong."""
+    from helpers.flash import flash_attention
+
+    x = torch.randn(1, 1, 4, 8, dtype=torch.float64, requires_grad=True)
+    (g,) = torch.autograd.grad(flash_attention(x, x, x).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError):
+        torch.autograd.grad(g.sum(), x)
+
+
+def test_flash_bad_inputs_name_the_rule():
+    import numpy as np
+
+    from helpers.flash import flash_attention, online_softmax_update
+
+    q = torch.randn(1, 1, 4, 0)
+    with pytest.raises(ValueError, match="head_dim .* must be at least 1"):
+        flash_attention(q, q, q)
+    q = torch.randn(1, 1, 4, 8)
+    torch.testing.assert_close(flash_attention(q, q, q, scale=np.float32(0.5)), flash_attention(q, q, q, scale=0.5))
+    m, l = torch.full((2,), float("-inf")), torch.zeros(2)
+    with pytest.raises(TypeError, match="must share one dtype"):
+        online_softmax_update(m, l, None, torch.randn(2, 3, dtype=torch.float64))

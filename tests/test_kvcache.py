@@ -216,3 +216,13 @@ def test_errors():
         kv_cache_bytes(1, 1, 8, -1)
     with pytest.raises(TypeError, match="dtype must be a torch.dtype"):
         kv_cache_bytes(1, 1, 8, 4, dtype="bf16")
+
+
+def test_update_refuses_a_value_of_another_dtype():
+    from helpers.kvcache import KVCache
+
+    cache = KVCache(num_layers=1)
+    k = torch.randn(1, 2, 3, 4)
+    cache.update(0, k, k.clone())
+    with pytest.raises(ValueError, match="new values must have the cache's dtype"):
+        cache.update(0, torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4, dtype=torch.float64))

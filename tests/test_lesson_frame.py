@@ -17,7 +17,9 @@ sys.path.insert(0, str(REPO / "tools"))
 import lesson_budget as lb  # noqa: E402
 
 NOTEBOOK_DIR = REPO / "notebooks"
-FRAMED = ["01_rope_rotation_matrix.ipynb", "02_rope_efficient.ipynb", "03_mha_from_scratch.ipynb"]
+FRAMED = ["01_rope_rotation_matrix.ipynb", "02_rope_efficient.ipynb", "03_mha_from_scratch.ipynb",
+          "06_positional_encodings_compared.ipynb", "07_from_scratch_to_huggingface.ipynb",
+          "08_attention_cost_flashattention.ipynb"]
 MAIN = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
 APPENDIX = sorted((NOTEBOOK_DIR / "appendix").glob("*.ipynb"))
 NOTES_DIR = REPO.parent / "shared" / "notes"
@@ -119,12 +121,13 @@ def test_tool_flags_narration_in_prose_and_in_core_output(tmp_path):
 def test_tool_counts_exercises_and_times_them(tmp_path):
     p = _nb(tmp_path, [
         ("markdown", "## Exercises\n\n1. First.\n2. Second.\n\n<details><summary>Hint</summary>\n\n1. not one</details>"),
+        ("markdown", "4. **The update, from memory.** Write it."),
         ("markdown", "### Exercise 3: R_m from memory\n\nWrite it."),
         ("markdown", "### Exercise 2: also a list item\n\nCounted once."),
     ])
     b = lb.measure(p)
-    assert (b.exercises, b.from_memory_exercises) == (3, 1)
-    assert b.exercise_minutes == 2 * lb.MIN_PER_EXERCISE + lb.MIN_PER_FROM_MEMORY_EXERCISE
+    assert (b.exercises, b.from_memory_exercises) == (4, 2)  # a list item "from memory" counts as one too
+    assert b.exercise_minutes == 2 * lb.MIN_PER_EXERCISE + 2 * lb.MIN_PER_FROM_MEMORY_EXERCISE
 
 
 # ----------------------------------------------------------------- the framed notebooks

@@ -160,3 +160,13 @@ def test_merge_both_parts_empty_is_checked():
         return o, torch.logaddexp(lse1, lse2)
 
     assert check_merge_partials(sigmoid_merge).passed
+
+
+def test_online_update_in_float32_is_named_as_round_off():
+    from helpers.practice.flash import check_online_softmax_update, online_softmax_update_solution
+
+    def in_float32(m, l, acc, s, v):
+        return online_softmax_update_solution(m.float(), l.float(), acc.float(), s.float(), v.float())
+
+    r = check_online_softmax_update(in_float32)
+    assert not r.passed and r.diagnosis == "dtype" and "float32 round-off" in r.message

@@ -5,6 +5,7 @@
     python tools/lesson_budget.py --long notebooks/02_rope_efficient.ipynb   # list the long sentences
     python tools/lesson_budget.py --json
     python tools/lesson_budget.py --write-readme   # the README table's study-time column, from these numbers
+    python tools/lesson_budget.py --write-headers notebooks/NN_x.ipynb   # the "Study time." line of its first cell
 
 The **core path** is what a learner studies (CONTRIBUTING.md, "The frame of a notebook"): every cell
 except those in a section whose heading carries the marker ``(optional · 选读)`` (down to the next
@@ -262,7 +263,10 @@ def measure(path: Path) -> Budget:
                     continue
                 core_chunk = DETAILS_RE.sub(" ", chunk)
                 if in_exercises and not section.title.lower().startswith("exercise "):
-                    b.exercise_numbers.update(int(n) for n in re.findall(r"^(\d+)\.\s", core_chunk, re.MULTILINE))
+                    for n, first_line in re.findall(r"^(\d+)\.\s(.*)$", core_chunk, re.MULTILINE):
+                        b.exercise_numbers.add(int(n))
+                        if re.search(r"from memory|默写", first_line, re.IGNORECASE):
+                            b.from_memory_numbers.add(int(n))
                 text, f, inline = _strip_markup(core_chunk)
                 b.core_inline_formulas += inline
                 w, c = count_words(text)
@@ -341,6 +345,31 @@ def write_readme(results: list[Budget], readme: Path = ROOT / "README.md") -> in
     return changed
 
 
+STUDY_LINE = re.compile(r"(core path about )\d+(?:\.\d)?( h, everything about )\d+(?:\.\d)?( h)")
+APPENDIX_LINE = re.compile(r"(all optional, about )\d+(?:\.\d)?( h)")
+
+
+def write_header(path: Path) -> bool:
+    """Put the tool's numbers into the first cell's study-time line; True if the file changed.
+
+    Only the numbers of an existing line change (a lesson's ``core path about X h, everything about Y h``,
+    an appendix's ``all optional, about Y h``); the notebook is written back as nbformat writes it."""
+    b = measure(path)
+    raw = Path(path).read_text(encoding="utf-8")
+    nb = json.loads(raw)
+    cell = nb["cells"][0]
+    src = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+    if b.appendix:
+        new = APPENDIX_LINE.sub(lambda m: f"{m.group(1)}{b.all_minutes / 60:.1f}{m.group(2)}", src)
+    else:
+        new = STUDY_LINE.sub(lambda m: f"{m.group(1)}{b.core_minutes / 60:.1f}{m.group(2)}{b.all_minutes / 60:.1f}{m.group(3)}", src)
+    if new == src:
+        return False
+    cell["source"] = new.splitlines(keepends=True)
+    Path(path).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("paths", nargs="*", type=Path)
@@ -348,9 +377,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--long", action="store_true", help="print the core sentences over 40 words")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--write-readme", action="store_true", help="rewrite README.md's study-time column")
+    ap.add_argument("--write-headers", action="store_true", help="rewrite the study-time line of each notebook's first cell")
     args = ap.parse_args(argv)
     paths = args.paths or notebooks()
     results = [measure(p) for p in paths]
+    if args.write_headers:
+        for p in paths:
+            # twice: the line's own words count, so the numbers settle after one more pass
+            changed = write_header(p) | write_header(p)
+            print(f"{p}: {'study-time line rewritten' if changed else 'unchanged'}")
+        return 0
     if args.write_readme:
         print(f"README.md: {write_readme(results)} study-time cells rewritten")
         return 0

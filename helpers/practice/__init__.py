@@ -26,6 +26,18 @@ Modules, and the notebook each checker belongs to
 * :mod:`helpers.practice.flash` -- ``check_online_softmax_update``, ``check_merge_partials``:
   the online-softmax update and the merge of two partial attention results (notebook 08).
 
+The daily practice of notebook 00 (每日默写) puts every checker on a spaced-repetition schedule:
+
+* :mod:`helpers.practice.deck` -- ``DECK``, one ``CardSpec`` per checker (prompt, scaffold, hint, section);
+  a new checker becomes a card by one entry there.
+* :mod:`helpers.practice.runner` -- ``run_solution``: the learner's code and its checks in a child
+  process with a time limit.
+* :mod:`helpers.practice.store` -- the SQLite store (``ATTN_PRACTICE_STORE`` or the user data folder).
+* :mod:`helpers.practice.daily` -- ``Practice`` (due cards, ``deal``, ``submit``, ``hint``, the FSRS
+  rating and schedule, the fixed clock ``ATTN_PRACTICE_NOW``); :mod:`helpers.practice.progress`, its
+  figure; ``python -m helpers.practice`` (:mod:`helpers.practice.__main__`), the same from a terminal.
+  These are not re-exported by :mod:`helpers` (import them from here).
+
 Everything listed in each module's ``__all__`` is re-exported here; the checkers, solutions and
 mistake dicts are also exported by :mod:`helpers` itself (``from helpers import check_mha``).
 """
@@ -57,6 +69,8 @@ from .flash import (
 
 from . import attention, engine, heads, kvcache, mha, positional, regularization, rope
 from . import flash
+from .deck import CARDS, DECK, CardSpec, PracticeError
+from .daily import Practice
 
 __all__ = [
     *engine.__all__, *rope.__all__, *mha.__all__, *attention.__all__, *regularization.__all__,

@@ -205,6 +205,10 @@ def _fold_call(f: Callable) -> Callable:
                 raise Reject("interface", f"your update must return (m, l, acc), got {got}", float("inf"))
             m, l, acc = (as_tensor_result(t, w) for t, w in zip(out, (
                 f"m, shape {tuple(shape)}", f"l, shape {tuple(shape)}", f"acc, shape {tuple(shape) + (d,)}")))
+            wrong = {n: t.dtype for n, t in (("m", m), ("l", l), ("acc", acc)) if t.dtype != s.dtype}
+            if wrong:  # e.g. a .float() somewhere: right up to float32 round-off (~1e-7), but not the inputs' dtype
+                raise Reject("dtype", f"your update returned {wrong} for {s.dtype} inputs: a difference of about 1e-7 is "
+                             "float32 round-off; keep the inputs' dtype (no .float())", float("inf"))
         safe_l = torch.where(l == 0, torch.ones_like(l), l) if l.shape == shape else l
         o = acc / safe_l.unsqueeze(-1) if (acc.shape == shape + (d,) and safe_l.shape == shape) else acc
         return {"output": o, "m": m, "l": l, "acc": acc}
