@@ -18,7 +18,7 @@ import lesson_budget as lb  # noqa: E402
 
 NOTEBOOK_DIR = REPO / "notebooks"
 FRAMED = ["01_rope_rotation_matrix.ipynb", "02_rope_efficient.ipynb", "03_mha_from_scratch.ipynb",
-          "06_positional_encodings_compared.ipynb", "07_from_scratch_to_huggingface.ipynb",
+          "04_regularization.ipynb", "05_head_redundancy.ipynb", "06_positional_encodings_compared.ipynb", "07_from_scratch_to_huggingface.ipynb",
           "08_attention_cost_flashattention.ipynb"]
 MAIN = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
 APPENDIX = sorted((NOTEBOOK_DIR / "appendix").glob("*.ipynb"))
