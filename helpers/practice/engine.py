@@ -312,7 +312,8 @@ def _diagnose(learner, reference, mistakes, inputs, atol, rtol, exception_kind, 
     kind = "shape" if problem.kind == "shape" else "unknown"
     got = outcomes[i][1]
     got_main = next(iter(got.values()), None) if isinstance(got, dict) else got
-    nan = (" The output contains NaN: is a row of scores entirely -inf?"
+    nan = (" The output contains NaN: is a row of scores entirely -inf (-inf - (-inf)), or does an infinite factor "
+           "meet a zero (inf * 0, e.g. exp of a difference taken against -inf)?"
            if isinstance(got_main, torch.Tensor) and got_main.is_floating_point() and bool(torch.isnan(got_main).any()) else "")
     hint = f" {unknown_hint}" if unknown_hint else ""
     return CheckResult(False, kind, f"{symptom}, and no single common mistake reproduces it.{nan}{hint}",

@@ -105,6 +105,30 @@ def _top_left_causal(q, k, v, k_cache, v_cache):
     return _attend(q, K, V, allowed), K, V
 
 
+def _position_plus_one(q, k, v, k_cache, v_cache):
+    p = k_cache.shape[-2]
+    pos = torch.tensor([p + 1])                             # one too far: p cached tokens sit at 0 .. p-1
+    q, k = apply_rope(q, pos), apply_rope(k, pos)
+    K, V = torch.cat([k_cache, k], dim=-2), torch.cat([v_cache, v], dim=-2)
+    return _attend(q, K, V), K, V
+
+
+def _half_layout(q, k, v, k_cache, v_cache):
+    p = k_cache.shape[-2]
+    pos = torch.tensor([p])
+    q, k = apply_rope(q, pos, layout="half"), apply_rope(k, pos, layout="half")  # the cache is interleaved
+    K, V = torch.cat([k_cache, k], dim=-2), torch.cat([v_cache, v], dim=-2)
+    return _attend(q, K, V), K, V
+
+
+def _unscaled(q, k, v, k_cache, v_cache):
+    p = k_cache.shape[-2]
+    pos = torch.tensor([p])
+    q, k = apply_rope(q, pos), apply_rope(k, pos)
+    K, V = torch.cat([k_cache, k], dim=-2), torch.cat([v_cache, v], dim=-2)
+    return torch.softmax(q @ K.transpose(-2, -1), dim=-1) @ V, K, V   # no 1/sqrt(d)
+
+
 KV_DECODE_MISTAKES: dict[str, Callable] = {
     "new_token_at_position_0": _at_position_0,
     "cached_keys_rotated_twice": _rotated_twice,
@@ -112,9 +136,24 @@ KV_DECODE_MISTAKES: dict[str, Callable] = {
     "values_rotated": _values_rotated,
     "query_not_rotated": _query_not_rotated,
     "top_left_causal_mask": _top_left_causal,
+    "position_plus_one": _position_plus_one,
+    "half_layout_for_the_new_token": _half_layout,
+    "scores_not_scaled": _unscaled,
 }
 
 KV_DECODE_ADVICE: dict[str, str] = {
+    "position_plus_one": (
+        "Position off by one (position_plus_one): with p tokens cached at positions 0 .. p-1, the new token sits "
+        "at p = k_cache.shape[-2], not p + 1."
+    ),
+    "half_layout_for_the_new_token": (
+        "Layout mixed (half_layout_for_the_new_token): the cached keys were rotated in the interleaved layout "
+        "(apply_rope's default); rotating the new q, k with layout='half' pairs other dimensions, so their scores "
+        "against the cache are wrong. Use one layout for the whole sequence."
+    ),
+    "scores_not_scaled": (
+        "Scores not scaled (scores_not_scaled): divide q @ K^T by sqrt(d) before the softmax, as in any attention."
+    ),
     "new_token_at_position_0": (
         "New token rotated at position 0 (new_token_at_position_0): it is the only row of its input, but its "
         "position in the sequence is p = k_cache.shape[-2] (the number of cached tokens). Rotate q and k by "
