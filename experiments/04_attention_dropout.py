@@ -1,4 +1,4 @@
-"""Notebook 04, section 5b: attention dropout next to residual dropout, over the same 8 seeds.
+"""Appendix notebook 04a, section 2 (it was notebook 04 §5b): attention dropout next to residual dropout, over the same 8 seeds.
 
 Four arms on the setting of ``experiments/regularization_ablation.py`` (associative recall,
 256 training and 512 validation sequences, a 2-layer 4-head ``TinyTransformer`` with RoPE,
@@ -15,7 +15,7 @@ Run from the repository root:  ``python experiments/04_attention_dropout.py``.
 The committed run took 1269 s (about 21 minutes; the JSON's ``seconds``) on a machine shared
 with other jobs; the earlier estimate of about 4 minutes on two idle cores was not re-measured.
 It writes ``experiments/results/04_attention_dropout.json``;
-notebook 04 loads it and ``tests/test_experiments_04.py`` re-runs two seeds.
+appendix notebook 04a loads it and ``tests/test_experiments_04.py`` re-runs two seeds.
 """
 from __future__ import annotations
 

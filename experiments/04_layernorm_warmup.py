@@ -1,4 +1,4 @@
-"""Notebook 04, section 5c: pre-LN vs post-LN, with and without learning-rate warm-up, over seeds.
+"""Appendix notebook 04a, section 3 (it was notebook 04 §5c): pre-LN vs post-LN, with and without learning-rate warm-up, over seeds.
 
 A 6-layer ``TinyTransformer`` (d_model 32, 4 heads, RoPE) learns the copy task
 (``CopyTask``: 8 random symbols, a separator, the same 8 again; 2048 training and 512
@@ -21,7 +21,7 @@ how many depths and learning rates were looked at is not known. Only this point 
 8 seeds.
 
 Run from the repository root:  ``python experiments/04_layernorm_warmup.py``. It writes
-``experiments/results/04_layernorm_warmup.json``; notebook 04 loads it and
+``experiments/results/04_layernorm_warmup.json``; appendix notebook 04a loads it and
 ``tests/test_experiments_04.py`` re-runs two seeds.
 """
 from __future__ import annotations

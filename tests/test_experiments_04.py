@@ -1,7 +1,7 @@
 """Notebook 04's two newer sweeps still describe what their scripts compute.
 
 ``experiments/04_attention_dropout.py`` and ``experiments/04_layernorm_warmup.py`` write the
-JSON files that notebook 04 §5b and §5c load. A trained model's last digits differ between
+JSON files that appendix notebook 04a (§2, §3) loads. A trained model's last digits differ between
 CPUs, so a re-run is not compared digit for digit: two seeds of one arm are re-run and must
 land inside the committed spread of that arm (with a margin) and on the same side of the
 verdict the notebook draws for that seed.

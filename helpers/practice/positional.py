@@ -64,13 +64,24 @@ def _concatenated(n, d_model):
     return _table(n, d_model, concatenated=True)
 
 
+def _exponent_column(n, d_model):
+    return _table(n, d_model, exponent=4)  # arange(0, d, 2) (the column 2i) put into 2i/d: 10000**(4i/d)
+
+
 SINUSOIDAL_MISTAKES: dict[str, Callable] = {
     "sin_cos_swapped": _sin_cos_swapped,
     "exponent_i_not_2i": _exponent_i,
     "concatenated_not_interleaved": _concatenated,
+    "exponent_uses_column_index": _exponent_column,
 }
 
 SINUSOIDAL_ADVICE: dict[str, str] = {
+    "exponent_uses_column_index": (
+        "Column index in the exponent (exponent_uses_column_index): your i runs over the even columns "
+        "(arange(0, d, 2), i.e. 2 x the pair index) and you still write 2i/d, so the exponent is 4 x pair/d and "
+        "every pair after the first turns too slowly. With j = arange(0, d, 2) write 10000**(j/d); with the pair "
+        "index i, 10000**(2i/d)."
+    ),
     "sin_cos_swapped": (
         "sin and cos swapped (sin_cos_swapped): the paper puts sin on the even columns 2i and cos on the odd "
         "columns 2i+1: PE[p, 2i] = sin(p / 10000**(2i/d)), PE[p, 2i+1] = cos(...). Row 0 must read "
@@ -161,14 +172,24 @@ def _k_from_0(num_heads):
     return _slopes(num_heads, k0=1)
 
 
+def _sorted_descending(num_heads):
+    return sorted(_slopes(num_heads), reverse=True)
+
+
 ALIBI_SLOPES_MISTAKES: dict[str, Callable] = {
     "non_power_of_two_as_power": _as_if_power_of_two,
     "reversed_order": _reversed,
     "extra_slopes_not_every_second": _not_every_second,
     "k_starts_at_0": _k_from_0,
+    "sorted_descending": _sorted_descending,
 }
 
 ALIBI_SLOPES_ADVICE: dict[str, str] = {
+    "sorted_descending": (
+        "Slopes sorted (sorted_descending): for a head count that is not a power of two the extra slopes are "
+        "appended after the first p, not merged into a sorted list (Press et al.'s get_slopes returns "
+        "slopes(p) + slopes(2p)[0::2][:n - p] as they come)."
+    ),
     "non_power_of_two_as_power": (
         "A non-power-of-two head count computed as a power of two (non_power_of_two_as_power): 2^(-8k/n) for "
         "n = 6 is not ALiBi's rule. With p the largest power of two below n, take the p slopes of p heads, then "
@@ -211,7 +232,8 @@ def check_alibi_slopes(fn: Callable) -> CheckResult:
     inputs = [TestInput(f"at num_heads={n}", (n,), f"slopes({n})") for n in (8, 2, 6, 12, 5)]
     return run_check(
         fn, _alibi_call, alibi_slopes, ALIBI_SLOPES_MISTAKES, ALIBI_SLOPES_ADVICE, inputs,
-        unknown_hint="Check: power of two n -> [2**(-8*k/n) for k in 1..n]; otherwise p = largest power of two "
-                     "below n, slopes(p) + slopes(2p)[0::2][:n - p].",
+        unknown_hint="Check the power-of-two case first (8 and 2 heads): m_k = 2**(-8k/n) for k = 1 .. n. Then the "
+                     "other counts (6, 12, 5): they reuse the slopes of the largest power of two below n and some "
+                     "of twice that count (the exercise's hint says which).",
         pass_message="PASS: your slopes equal helpers.model.alibi_slopes for 8, 2, 6, 12 and 5 heads.",
     )
