@@ -4,10 +4,18 @@ pytest's quiet output shows one dot per test and nothing else, so the minutes of
 (every notebook re-executed cell by cell) and of the browser tests (JupyterLab in headless
 Chromium) looked hung. These hooks name each notebook as nbval starts it and
 announce the browser part before it begins. They only print; they change no test.
+
+One guard (issue 33): no test and no nbval kernel may touch a learner's practice store. Before any
+test runs, ``ATTN_PRACTICE_STORE`` is pointed at a file in a fresh temporary folder (removed at the
+end), ``ATTN_PRACTICE_TESTING=1`` makes ``helpers.practice.store.store_path`` refuse the user data
+folder, and ``ATTN_PRACTICE_DEMO=1`` keeps notebook 00 in its demo mode. Kernels started by nbval
+inherit the environment, so this holds for the notebooks too.
 """
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 _seen: set[str] = set()
@@ -34,9 +42,22 @@ def pytest_runtest_logstart(nodeid: str, location) -> None:
 _CONFIG = None
 
 
+_PRACTICE_TMP: list[str] = []
+
+
 def pytest_configure(config) -> None:
     global _CONFIG
     _CONFIG = config
+    folder = tempfile.mkdtemp(prefix="attn-practice-tests-")
+    _PRACTICE_TMP.append(folder)
+    os.environ["ATTN_PRACTICE_STORE"] = os.path.join(folder, "practice.sqlite3")
+    os.environ["ATTN_PRACTICE_TESTING"] = "1"
+    os.environ["ATTN_PRACTICE_DEMO"] = "1"
+
+
+def pytest_unconfigure(config) -> None:
+    while _PRACTICE_TMP:
+        shutil.rmtree(_PRACTICE_TMP.pop(), ignore_errors=True)
 
 
 def pytest_sessionstart(session) -> None:

@@ -41,10 +41,43 @@ def test_each_planted_bug_is_diagnosed(bug):
     assert BUG_MESSAGES[bug] in r.message and r.message.startswith("FAIL")
 
 
-@pytest.mark.parametrize("bug", ["missing_scale", "wrong_merge", "mask_inverted"])
+@pytest.mark.parametrize("bug", ["missing_scale", "wrong_merge", "mask_inverted", "split_not_transposed", "no_transposes"])
 def test_diagnosis_holds_at_other_sizes(bug):
     r = check_mha(PLANTED_BUGS[bug], d_model=24, num_heads=3, seq=4, seed=3)
     assert r.diagnosis == bug
+
+
+class ForgotTheTranspose(nn.Module):
+    """The notes' line x.view(batch_size, -1, self.h, self.d_k).transpose(1,2) with .transpose(1,2) left out."""
+
+    def __init__(self, d_model, num_heads, merge_transposed=True):
+        super().__init__()
+        self.h, self.d_k, self.merge_transposed = num_heads, d_model // num_heads, merge_transposed
+        self.linear_q, self.linear_k = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
+        self.linear_v, self.linear_out = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
+
+    def forward(self, query, key, value, mask=None):
+        B = query.size(0)
+        q, k, v = (f(x).view(B, -1, self.h, self.d_k) for f, x in
+                   ((self.linear_q, query), (self.linear_k, key), (self.linear_v, value)))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_k)
+        if mask is not None:
+            scores = scores.masked_fill(mask == 0, float("-inf"))
+        w = torch.softmax(scores, dim=-1)
+        out = w @ v
+        out = out.transpose(1, 2) if self.merge_transposed else out
+        return self.linear_out(out.contiguous().view(B, -1, self.h * self.d_k)), w
+
+
+class ForgotBothTransposes(ForgotTheTranspose):
+    def __init__(self, d_model, num_heads):
+        super().__init__(d_model, num_heads, merge_transposed=False)
+
+
+@pytest.mark.parametrize("cls, bug", [(ForgotTheTranspose, "split_not_transposed"), (ForgotBothTransposes, "no_transposes")])
+def test_the_notes_split_with_the_transpose_forgotten_is_named(cls, bug):
+    r = check_mha(cls)
+    assert r.diagnosis == bug and "transpose(1, 2)" in r.message, r.message
 
 
 def test_messages_are_specific():

@@ -42,7 +42,7 @@ class MyMHA(nn.Module):
 
     def forward(self, query, key, value, mask=None):
         B, d = query.size(0), self.h * self.d_k
-        q, k, v = (f(x).view(B, self.h, -1, self.d_k) for f, x in
+        q, k, v = (f(x).view(B, -1, self.h, self.d_k) for f, x in
                    ((self.linear_q, query), (self.linear_k, key), (self.linear_v, value)))
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_k)
         if mask is not None:
@@ -55,12 +55,33 @@ class MyMHA(nn.Module):
 def test_mha_transpose_forgotten_is_named_and_rated_again_then_hard(tmp_path):
     p = Practice(tmp_path / "s.sqlite3", now="2026-12-01T09:00")
     a = p.submit("mha", MHA_NO_TRANSPOSE, quiet=True)
-    assert a.outcome.diagnosis == "wrong_split" and a.rating.name == "Again"
-    assert "transpose(1, 2)" in a.outcome.report()
+    assert a.outcome.diagnosis == "split_not_transposed" and a.rating.name == "Again"
+    assert "Heads split without the transpose" in a.outcome.report() and "transpose(1, 2)" in a.outcome.report()
     assert "mha" in [s.id for s, why in p.due() if why != "new"]  # due again today
-    fixed = MHA_NO_TRANSPOSE.replace("view(B, self.h, -1, self.d_k)", "view(B, -1, self.h, self.d_k).transpose(1, 2)")
+    fixed = MHA_NO_TRANSPOSE.replace("view(B, -1, self.h, self.d_k)", "view(B, -1, self.h, self.d_k).transpose(1, 2)")
     b = p.submit("mha", fixed, quiet=True)
     assert b.passed and b.rating.name == "Hard"
+
+
+def test_a_process_or_thread_left_running_does_not_lose_the_pass():
+    """A solution that starts a process (in the child's process group) or a non-daemon thread still gets
+    its PASS at once; the process is killed with the group and no marker is printed."""
+    import time
+
+    for extra in ("import subprocess\nsubprocess.Popen(['sleep', '45'])\n",
+                  "import threading, time\nthreading.Thread(target=lambda: time.sleep(45)).start()\n"):
+        t0 = time.monotonic()
+        out = run_solution("causal_sdpa", extra + SDPA, timeout=40)
+        assert out.passed and time.monotonic() - t0 < 35, out.report()
+        assert "\x1e" not in out.output and "practice-verdicts" not in out.output
+    left = subprocess.run(["pgrep", "-f", "^sleep 45$"], capture_output=True, text=True).stdout.split()
+    assert left == [], f"sleep 45 outlived its check: {left}"
+
+
+def test_sys_exit_while_checked_is_a_fail_with_its_cause():
+    out = run_solution("causal_sdpa", "import sys\ndef attention(q, k, v, causal=False):\n    sys.exit(0)\n")
+    assert not out.passed and out.diagnosis == "exception"
+    assert "raised SystemExit(0) at line 3 while it was being checked" in out.report(), out.report()
 
 
 def test_solution_that_raises_is_a_fail_naming_the_card_and_the_rule():
@@ -111,6 +132,9 @@ def test_cli_due_check_stats_export_import(tmp_path):
     assert "new 12" in r.stdout and "2026-12-01 1" in r.stdout
     r = _cli(tmp_path, "export", tmp_path / "e.json")
     assert r.returncode == 0 and (tmp_path / "e.json").exists()
+    r = _cli(tmp_path, "import", tmp_path / "e.json")  # its own export: nothing added
+    assert r.returncode == 0 and "imported 0 review(s)" in r.stdout
+    assert "2026-12-01 1" in _cli(tmp_path, "stats").stdout
     r = _cli(tmp_path, "show", "mha")
     assert r.returncode == 0 and "class MyMHA" in r.stdout
 
@@ -128,9 +152,51 @@ def test_cli_bad_input(tmp_path):
     assert r.returncode == 1 and "took longer than 3 s" in r.stdout and "Rated Again" in r.stdout
 
 
+def test_cli_import_errors_exit_2_naming_the_rule(tmp_path):
+    for name, text in (("partial.json", '{"format": "attention-notebooks practice", "schema_version": 1}'),
+                       ("poison.json", '{"format": "attention-notebooks practice", "schema_version": 1, '
+                                       '"cards": {"mha": {"due": "soon"}}, "reviews": [], "hints": []}')):
+        (tmp_path / name).write_text(text)
+        r = _cli(tmp_path, "import", tmp_path / name)
+        assert r.returncode == 2 and r.stderr.startswith("error: import: ") and "(rule: import takes" in r.stderr, r
+        assert "Traceback" not in r.stderr
+        r = _cli(tmp_path, "due")
+        assert r.returncode == 0 and "13 of them new" in r.stdout  # nothing was written
+
+
+def test_cli_names_the_flag_that_was_used(tmp_path):
+    r = _cli(tmp_path, "--now", "tomorrow", "due")
+    assert r.returncode == 2 and "practice clock (--now)" in r.stderr and "ATTN_PRACTICE_NOW" not in r.stderr
+    (tmp_path / "x.sqlite3").write_text("not a database")
+    r = _cli(tmp_path, "--store", tmp_path / "x.sqlite3", "due")
+    assert r.returncode == 2 and "(from --store)" in r.stderr and "pass another --store" in r.stderr, r.stderr
+    assert "ATTN_PRACTICE_STORE" not in r.stderr
+
+
 def test_submit_records_and_real_store_untouched(tmp_path, monkeypatch):
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the user data folder, should anything reach it
+    """The CLI child and the check child inherit conftest.py's temporary store and guard: with HOME and
+    XDG_DATA_HOME moved into tmp_path, nothing is created there."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     p = Practice(tmp_path / "s.sqlite3", now="2026-12-01T09:00")
     a = p.submit("causal_sdpa", SDPA, quiet=True)
     assert a.passed and a.rating.name == "Good"
-    assert not (tmp_path / "home").exists()
+    env = {k: v for k, v in os.environ.items() if k != "ATTN_PRACTICE_STORE"}
+    r = subprocess.run([sys.executable, "-m", "helpers.practice", "due"], capture_output=True, text=True, env=env,
+                       cwd=REPO, timeout=120)
+    assert r.returncode == 2 and "never used" in r.stderr, r  # the guard, not the user data folder
+    assert not (tmp_path / "home").exists() and not (tmp_path / "xdg").exists()
+
+
+def test_walkthrough_cells_are_skipped_outside_the_demo(tmp_path, capsys):
+    """Notebook 00 with ATTN_PRACTICE_DEMO=0: a %%submit cell marked demo never reaches the learner's store."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from helpers.practice.daily import register_magic
+
+    shell = InteractiveShell.instance()
+    p = Practice(tmp_path / "s.sqlite3", now="2026-12-01T09:00")
+    register_magic(p, walkthrough=False)
+    shell.run_cell_magic("submit", "causal_sdpa demo", SDPA)
+    assert "not checked outside the demo mode" in capsys.readouterr().out
+    assert p.reviews() == []

@@ -9,7 +9,10 @@ r"""The daily practice from a terminal: ``python -m helpers.practice COMMAND``.
     python -m helpers.practice import practice.json
 
 The store is ``$ATTN_PRACTICE_STORE`` or the user data folder; ``$ATTN_PRACTICE_NOW`` fixes the clock
-(``--store`` and ``--now`` override them). Exit status: 0 on PASS or success, 1 on FAIL, 2 on an error.
+(``--store`` and ``--now`` override them). Times are shown, and days counted, in the clock's zone: the
+machine's local one for the real clock, the given offset (else UTC) for a fixed one. ``import`` merges an
+export (a review already in the store is skipped; every entry is checked before anything is written).
+Exit status: 0 on PASS or success, 1 on FAIL, 2 on an error (the message names the rule).
 """
 from __future__ import annotations
 
@@ -17,14 +20,16 @@ import argparse
 import sys
 from pathlib import Path
 
-from .daily import Practice, export_json, import_json
+from .daily import Clock, Practice, export_json, import_json
 from .deck import PracticeError, card
+from .store import Store
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m helpers.practice", description=__doc__.splitlines()[0])
     ap.add_argument("--store", help="the store file (default: $ATTN_PRACTICE_STORE or the user data folder)")
-    ap.add_argument("--now", help="fix the clock, an ISO date-time in UTC (default: $ATTN_PRACTICE_NOW or real time)")
+    ap.add_argument("--now", help="fix the clock, an ISO date-time, UTC unless it has an offset "
+                                  "(default: $ATTN_PRACTICE_NOW or real time)")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("due", help="the cards due today")
     for name in ("show", "hint"):
@@ -41,7 +46,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "show":  # needs no store
             print(Practice.show(args.card))
             return 0
-        p = Practice(args.store, now=args.now)
+        clock = Clock(args.now, source="--now") if args.now is not None else Clock.from_env()
+        store = Store(args.store, source="--store") if args.store is not None else Store()
+        p = Practice(store, now=clock)
         if args.cmd == "due":
             p.today()
         elif args.cmd == "hint":

@@ -159,6 +159,25 @@ class WrongSplit(NotesMHA):
         return x.view(B, self.h, -1, self.d_k)
 
 
+class SplitNotTransposed(NotesMHA):
+    """Bug: ``view(B, L, h, d_k)`` without the ``.transpose(1, 2)``: the notes' split with the transpose forgotten."""
+
+    # The tensors stay (B, L, h, d_k), so Q K^T is taken between the heads of one position, (B, L, h, h),
+    # and a (Lq, Lk) or (B, 1, 1, Lk) mask, or Lq != Lk, no longer broadcasts (a RuntimeError).
+
+    def split(self, x):
+        B = x.size(0)
+        return x.view(B, -1, self.h, self.d_k)
+
+
+class NoTransposes(SplitNotTransposed):
+    """Bug: both transposes forgotten, the split's and the merge's: ``view(B, L, h, d_k)`` in, ``view(B, L, d_model)`` out."""
+
+    def merge(self, x):
+        B = x.size(0)
+        return x.contiguous().view(B, -1, self.d_model)
+
+
 class WrongMerge(NotesMHA):
     """Bug: ``(B, h, L, d_k)`` reshaped to ``(B, L, d_model)`` without transposing back first."""
 
@@ -238,6 +257,8 @@ PLANTED_BUGS: dict[str, type] = {
     "scale_by_d_model": ScaleByDModel,
     "scale_by_d_k": ScaleByDk,
     "wrong_split": WrongSplit,
+    "split_not_transposed": SplitNotTransposed,
+    "no_transposes": NoTransposes,
     "wrong_merge": WrongMerge,
     "softmax_over_queries": SoftmaxOverQueries,
     "softmax_over_heads": SoftmaxOverHeads,
@@ -269,6 +290,18 @@ BUG_MESSAGES: dict[str, str] = {
         "Wrong reshape when splitting heads: x.view(B, num_heads, L, d_k) cuts the sequence, "
         "not the features, into heads. View as (B, L, num_heads, d_k) first, then transpose(1, 2) "
         "to get (B, num_heads, L, d_k)."
+    ),
+    "split_not_transposed": (
+        "Heads split without the transpose: x.view(B, L, num_heads, d_k) is still (B, L, num_heads, d_k), "
+        "so Q K^T compares the heads of one position with each other (scores (B, L, h, h), not "
+        "(B, h, Lq, Lk)), and masks or Lq != Lk no longer fit. Add .transpose(1, 2) after the view: "
+        "x.view(B, -1, num_heads, d_k).transpose(1, 2) is (B, num_heads, L, d_k)."
+    ),
+    "no_transposes": (
+        "Both transposes forgotten: the heads were split with x.view(B, L, num_heads, d_k) and merged with "
+        "view(B, L, d_model), without transpose(1, 2) in either, so attention runs across the heads of one "
+        "position instead of across positions. Split with x.view(B, -1, num_heads, d_k).transpose(1, 2) and "
+        "merge with out.transpose(1, 2).contiguous().view(B, -1, d_model)."
     ),
     "wrong_merge": (
         "Wrong transpose/reshape order when merging heads: (B, h, L, d_k) was reshaped to "

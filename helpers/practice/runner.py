@@ -7,17 +7,23 @@ and the source in a fresh namespace, looks up each name the card asks for, and c
 marker line; everything the learner's code printed (stdout and stderr) is kept and shown.
 
 An infinite loop ends with "took longer than N s" (N from ``timeout``, default the environment
-variable ``ATTN_PRACTICE_TIMEOUT`` or 60 s), never a hung kernel. An exception while the code is
+variable ``ATTN_PRACTICE_TIMEOUT`` or 60 s), never a hung kernel. The child runs in a session
+(process group) of its own and ends with ``os._exit`` once its verdict is written, so a thread the
+learner's code leaves running does not hold it; what is left of the group afterwards (a process
+the code started) is killed, and the verdict is read even from output cut short by the time limit.
+The child's output goes to temporary files, not pipes, so a lingering grandchild cannot hold it open. An exception while the code is
 defined or checked is a FAIL with the traceback's last line, as the checkers report exceptions.
-A solution that does not define the asked name is a :class:`~helpers.practice.deck.PracticeError`
+``sys.exit`` in the code is a FAIL like any exception. A solution that does not define the asked name is a :class:`~helpers.practice.deck.PracticeError`
 (nothing is recorded).
 """
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,28 +100,57 @@ def run_solution(card_id: str | CardSpec, source: str, timeout: Optional[float] 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO), env.get("PYTHONPATH", "")]))
     env.setdefault("OMP_NUM_THREADS", "1")
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "helpers.practice._child"], input=json.dumps({"card": spec.id, "source": source}),
-            capture_output=True, text=True, timeout=limit, env=env, cwd=str(_REPO),
-        )
-    except subprocess.TimeoutExpired as e:
-        printed = _text(e.stdout) + _text(e.stderr)
+    request = json.dumps({"card": spec.id, "source": source})
+    with tempfile.TemporaryFile() as stdin, tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
+        stdin.write(request.encode())
+        stdin.seek(0)
+        proc = subprocess.Popen([sys.executable, "-m", "helpers.practice._child"], stdin=stdin, stdout=stdout,
+                                stderr=stderr, env=env, cwd=str(_REPO), start_new_session=True)
+        try:
+            proc.wait(timeout=limit)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        _kill_group(proc)  # the child on a timeout; after it, any process the learner's code left running
+        proc.wait()
+        stdout.seek(0)
+        stderr.seek(0)
+        out_text, err_text = _text(stdout.read()), _text(stderr.read())
+    out, _, tail = out_text.partition(MARK)
+    printed = out + err_text
+    data = _verdicts(tail)
+    if data is None and timed_out:
         msg = (f"FAIL: card {spec.id!r}: your code took longer than {limit:g} s and was stopped "
                f"(rule: each check runs in a child process with a time limit; an infinite loop?).")
         return Outcome(spec.id, [Verdict("", False, "timeout", msg)], printed, "timeout")
-    out, _, tail = proc.stdout.partition(MARK)
-    printed = out + proc.stderr
-    if not tail:
+    if data is None:
         msg = f"FAIL: card {spec.id!r}: the check process ended with exit code {proc.returncode} before a verdict."
         return Outcome(spec.id, [Verdict("", False, "exception", msg)], printed, "exception")
-    data = json.loads(tail)
     if data.get("missing"):
         raise PracticeError(
             f"card {spec.id!r}: your code does not define {data['missing']!r} (rule: the solution must "
             f"define {', '.join(spec.names)}, with the scaffold's signature)")
     verdicts = [Verdict(**v) for v in data["verdicts"]]
     return Outcome(spec.id, verdicts, printed, data.get("error"))
+
+
+def _verdicts(tail: str) -> Optional[dict]:
+    """The child's verdict JSON after the marker, or None if it is absent or cut short."""
+    try:
+        return json.loads(tail) if tail else None
+    except json.JSONDecodeError:
+        return None
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the child's process group (the child and whatever it started); nothing if it is gone."""
+    if hasattr(os, "killpg"):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    elif proc.poll() is None:
+        proc.kill()
 
 
 def _text(b) -> str:
@@ -127,6 +162,8 @@ def _text(b) -> str:
 def _last_line(e: BaseException, filename: str) -> str:
     frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == filename]
     where = f" at line {frames[-1].lineno}" if frames else ""
+    if isinstance(e, SystemExit):
+        return f"SystemExit({e.code!r}){where}"
     return f"{type(e).__name__}{where}: {e}"
 
 
@@ -158,7 +195,14 @@ def evaluate_source(card_id: str | CardSpec, source: str) -> dict:
         module, fn = check.checker.split(":")
         checker = getattr(importlib.import_module(module), fn)
         seed_everything(0)
-        r = checker(ns[check.name], **dict(check.kwargs))
+        try:
+            r = checker(ns[check.name], **dict(check.kwargs))
+        except BaseException as e:  # the checkers catch Exception; SystemExit or KeyboardInterrupt gets here
+            msg = (f"FAIL: card {spec.id!r}: your code raised {_last_line(e, filename)} while it was being checked "
+                   f"(rule: the solution's {check.name} must return a result, not exit or stop the process).")
+            result.update(error="exception")
+            result["verdicts"].append(dict(label=check.label, passed=False, diagnosis="exception", message=msg))
+            return result
         result["verdicts"].append(dict(label=check.label, passed=bool(r.passed), diagnosis=r.diagnosis,
                                        message=r.message))
     return result

@@ -10,6 +10,10 @@ the schedule can be recomputed and the scheduler's parameters fitted to the lear
 ``hints``. Every write is one ``BEGIN IMMEDIATE`` transaction, so two processes writing at once
 queue rather than lose an update. A file written by a newer schema, or one that is not a practice
 store (another database, a corrupt file), gets a :class:`StoreError` and is never written to.
+
+**The tests never reach the real store.** With ``ATTN_PRACTICE_TESTING`` set (the repository's
+``conftest.py`` sets it for every pytest and nbval run, together with an ``ATTN_PRACTICE_STORE``
+in a temporary folder), :func:`store_path` refuses to fall back to the user data folder.
 """
 from __future__ import annotations
 
@@ -40,10 +44,18 @@ class StoreError(PracticeError):
 
 
 def store_path() -> Path:
-    """``$ATTN_PRACTICE_STORE``, else ``practice.sqlite3`` in the user data folder."""
+    """``$ATTN_PRACTICE_STORE``, else ``practice.sqlite3`` in the user data folder.
+
+    Raises:
+        StoreError: under the tests (``ATTN_PRACTICE_TESTING`` set) without ``ATTN_PRACTICE_STORE``.
+    """
     env = os.environ.get("ATTN_PRACTICE_STORE")
     if env:
         return Path(env).expanduser()
+    if os.environ.get("ATTN_PRACTICE_TESTING"):
+        raise StoreError("the practice store: ATTN_PRACTICE_TESTING is set (a test run) and ATTN_PRACTICE_STORE is "
+                         "not, so there is no store to open (rule: under the tests the real store in the user data "
+                         "folder is never used; pass a store under tmp_path or set ATTN_PRACTICE_STORE)")
     import platformdirs
 
     return Path(platformdirs.user_data_dir("attention-notebooks", appauthor=False)) / "practice.sqlite3"
@@ -52,8 +64,15 @@ def store_path() -> Path:
 class Store:
     """An open practice store (see the module docstring). ``Store(path)`` creates it if absent."""
 
-    def __init__(self, path: Optional[os.PathLike | str] = None, timeout: float = 30.0) -> None:
-        self.path = Path(path) if path is not None else store_path()
+    def __init__(self, path: Optional[os.PathLike | str] = None, timeout: float = 30.0,
+                 source: Optional[str] = None) -> None:
+        """``source`` names where ``path`` came from (e.g. ``"--store"``), for the error messages."""
+        if path is None:
+            self.path = store_path()
+            source = source or ("ATTN_PRACTICE_STORE" if os.environ.get("ATTN_PRACTICE_STORE") else "the user data folder")
+        else:
+            self.path = Path(path).expanduser()
+        self._source = source
         self._timeout = timeout
         fresh = not self.path.exists() or self.path.stat().st_size == 0 or self._check_existing() == "empty"
         if fresh:
@@ -72,14 +91,17 @@ class Store:
     def _check_existing(self) -> Optional[str]:
         """Raise :class:`StoreError` unless the file is a store of this schema; ``"empty"`` for a database
         without any table (a store another process is creating right now, or a blank file)."""
-        where = f"{self.path}"
-        rule = "it was left untouched; move it away, or point ATTN_PRACTICE_STORE at another file"
+        where = f"{self.path}" + (f" (from {self._source})" if self._source else "")
+        other = {"--store": "pass another --store", "ATTN_PRACTICE_STORE": "point ATTN_PRACTICE_STORE at another file",
+                 "the user data folder": "set ATTN_PRACTICE_STORE to another file"}.get(self._source, "open another file")
+        rule = f"it was left untouched; move it away, or {other}"
         with open(self.path, "rb") as f:
             header = f.read(16)
         if header != b"SQLite format 3\x00":
             raise StoreError(f"practice store {where} is not an SQLite database (corrupt, or another file): {rule}")
         try:
-            db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=self._timeout)
+            # A file URI (percent-encoded: a '?' or '#' in the path stays part of the path), opened read-only.
+            db = sqlite3.connect(f"{self.path.absolute().as_uri()}?mode=ro", uri=True, timeout=self._timeout)
             try:
                 tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
                 if not tables:
