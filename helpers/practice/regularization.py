@@ -130,8 +130,9 @@ DROPOUT_ADVICE: dict[str, str] = {
         "unchanged; yours still drops. Return x when not training (model.eval() sets training=False)."
     ),
     "other_mask_rule": (
-        "Another mask rule (other_mask_rule): keeping where rand < 1 - p is right in distribution, but not "
-        "the same elements as the reference, so nothing can be compared exactly. Draw the mask as the "
+        "Another mask rule (other_mask_rule): your mask keeps the right share of elements but not the ones the "
+        "reference keeps (e.g. rand < 1 - p, or torch.bernoulli, which draw differently from the generator), so "
+        "nothing can be compared exactly. Draw the mask as the "
         "exercise asks: keep = torch.rand(x.shape, generator=generator) >= p."
     ),
 }
