@@ -289,9 +289,11 @@ def pruning_curve(
 
     * ``"importance"``: least important first by :func:`head_importance`. With
       ``recompute=True`` the importance of the remaining heads is recomputed after every
-      step, given the heads already pruned (the ``--exact_pruning`` option of Michel et
-      al.'s released code); with ``recompute=False`` the scores of the full model fix the
-      order (that code's default, used with layer normalisation, ``normalize=True``).
+      step, given the heads already pruned; pruned heads stay in each layer's l2
+      normalisation, as in Hugging Face's bertology example (``run_bertology.py``:
+      ``head_importance /= norm_by_layer...``, then pruned heads set to +inf), which is
+      adapted from Michel et al.; with ``recompute=False`` the scores of the full model fix
+      the order (``normalize=True``: each layer's scores divided by their l2 norm).
     * ``"random"``: a random permutation from ``torch.Generator().manual_seed(seed)``.
     * a tensor of scores ``(num_layers, num_heads)``: lowest score pruned first (e.g. from
       :func:`ablation_importance`), ties by index.

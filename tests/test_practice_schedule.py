@@ -61,6 +61,8 @@ def test_a_card_failed_today_is_cleared_today_and_does_not_loop(practice):
     practice.advance(minutes=20)
     c = practice.record("mha", _outcome("mha", True), quiet=True)
     assert c.rating == Rating.Good and c.due - practice.clock.now() >= timedelta(days=1)
+    assert c.why == "passed again today"  # a Good that is not the day's first attempt is not a first try
+    assert [r["why"] for r in practice.reviews() if r["card"] == "mha"][-1] == "passed again that day"
     assert "mha" not in [s.id for s, _ in practice.due()]
     practice.hint("dropout")  # a hint makes the next pass Hard, not every pass after it
     assert practice.record("dropout", _outcome("dropout", True), quiet=True).rating == Rating.Hard

@@ -138,9 +138,11 @@ _WHY = {Rating.Again: "failed", Rating.Good: "passed at the first try",
         Rating.Easy: "passed at the first try, and you said easy"}
 
 
-def _why(rating: Rating, hinted: bool, today: bool = True) -> str:
+def _why(rating: Rating, hinted: bool, today: bool = True, first_today: bool = True) -> str:
     if rating == Rating.Hard:
         return "passed after a hint" if hinted else f"passed after a failed try {'today' if today else 'that day'}"
+    if rating in (Rating.Good, Rating.Easy) and not first_today:  # a later pass the same day: not a first try
+        return f"passed again {'today' if today else 'that day'}" + (", and you said easy" if rating == Rating.Easy else "")
     return _WHY[rating]
 
 
@@ -299,7 +301,7 @@ class Practice:
             db.execute("INSERT INTO reviews (card, reviewed_at, rating, passed, diagnosis, review_log) "
                        "VALUES (?, ?, ?, ?, ?, ?)",
                        (spec.id, now.isoformat(), int(rating), int(outcome.passed), outcome.diagnosis, log.to_json()))
-        why = _why(rating, hinted)
+        why = _why(rating, hinted, first_today=last is None)
         attempt = Attempt(spec.id, outcome, rating, state.due, why)
         if not quiet:
             if outcome.output.strip():
@@ -327,7 +329,8 @@ class Practice:
             hinted = any(self.clock.day(datetime.fromisoformat(h)) == day and since < h <= t for h in hints.get(c, []))
             last_today[c] = (day, t)
             out.append(dict(card=c, at=datetime.fromisoformat(t), rating=Rating(r), passed=bool(p), diagnosis=d,
-                            review_log=ReviewLog.from_json(log), why=_why(Rating(r), hinted, today=False)))
+                            review_log=ReviewLog.from_json(log),
+                            why=_why(Rating(r), hinted, today=False, first_today=not since)))
         return out
 
     def first_tries(self) -> list[tuple[str, str, bool]]:

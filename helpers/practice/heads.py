@@ -87,6 +87,13 @@ def _averaged_over_examples_before_abs(model, inputs, targets):
     return (sum(grads) / len(grads)).abs()  # = |d mean_x L(x) / d xi|
 
 
+def _divided_by_all_rows(model, inputs, targets):
+    """Rows without a scored target skipped in the sum, but still counted in the mean (divided by the batch)."""
+    model.eval()
+    grads = list(_per_example_grads(model, inputs, targets))
+    return sum(g.abs() for g in grads) / len(inputs)
+
+
 def _weight_gradients(model, inputs, targets):
     """|dL(x)/dW^O_h| summed over the head's columns of the output projection, instead of the gate's."""
     model.eval()
@@ -109,9 +116,15 @@ HEAD_IMPORTANCE_MISTAKES: dict[str, Callable] = {
     "sign_kept": _sign_kept,
     "averaged_before_abs": _averaged_before_abs,
     "weight_gradients_not_gate": _weight_gradients,
+    "mean_over_all_rows": _divided_by_all_rows,
 }
 
 HEAD_IMPORTANCE_ADVICE: dict[str, str] = {
+    "mean_over_all_rows": (
+        "Mean over every row (mean_over_all_rows): you skip the rows without a scored target in the sum but "
+        "still divide by the batch size. Importance is the mean over the examples that have a scored target: "
+        "count only those."
+    ),
     "sign_kept": (
         "Sign kept (sign_kept): you average dL(x)/d xi_h without the absolute value, so a head whose "
         "removal raises the loss on some examples and lowers it on others scores near 0. Michel et al. "
@@ -196,7 +209,7 @@ def check_head_importance(fn: Callable, seed: int = 0) -> CheckResult:
     return run_check(
         fn, _hi_call, _hi_reference, HEAD_IMPORTANCE_MISTAKES, HEAD_IMPORTANCE_ADVICE, _hi_inputs(seed),
         variants=_HEAD_IMPORTANCE_VARIANTS, atol=1e-7, rtol=1e-4,  # importances are ~1e-3 to 1e-1: compare relatively
-        unknown_hint="Check: gate xi = ones(L, H, requires_grad=True) as head_mask; per example L(x) = mean "
+        unknown_hint="Check: gate xi = ones(num_layers, num_heads, requires_grad=True) as head_mask; per example L(x) = mean "
                      "cross-entropy over its scored positions; |dL(x)/d xi| per example; mean over the examples "
                      "with a scored target.",
         pass_message="PASS: your importance equals helpers.heads.head_importance on 3 models and batches "
