@@ -50,18 +50,23 @@ def kv_decode_step_solution(q, k, v, k_cache, v_cache):
     return w @ v_cache, k_cache, v_cache
 
 
-def _attend(q, K, V, allowed=None):
-    scores = q @ K.transpose(-2, -1) / math.sqrt(q.shape[-1])
+def _attend(q, K, V, allowed=None, scale=True):
+    scores = q @ K.transpose(-2, -1) / (math.sqrt(q.shape[-1]) if scale else 1.0)
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
     return torch.softmax(scores, dim=-1) @ V
 
 
-def _at_position_0(q, k, v, k_cache, v_cache):
-    pos = torch.tensor([0])                                 # the new token is row 0 of its input, not token 0
-    q, k = apply_rope(q, pos), apply_rope(k, pos)
+def _step(q, k, v, k_cache, v_cache, *, pos, layout="interleaved", allowed=None, scale=True):
+    """Rotate the new q, k at ``pos``, append k, v to the cache, attend: the solution's shape, one knob turned."""
+    position = torch.tensor([pos])
+    q, k = apply_rope(q, position, layout=layout), apply_rope(k, position, layout=layout)
     K, V = torch.cat([k_cache, k], dim=-2), torch.cat([v_cache, v], dim=-2)
-    return _attend(q, K, V), K, V
+    return _attend(q, K, V, allowed, scale), K, V
+
+
+def _at_position_0(q, k, v, k_cache, v_cache):
+    return _step(q, k, v, k_cache, v_cache, pos=0)  # the new token is row 0 of its input, not token 0
 
 
 def _rotated_twice(q, k, v, k_cache, v_cache):
@@ -98,35 +103,20 @@ def _query_not_rotated(q, k, v, k_cache, v_cache):
 
 def _top_left_causal(q, k, v, k_cache, v_cache):
     p = k_cache.shape[-2]
-    pos = torch.tensor([p])
-    q, k = apply_rope(q, pos), apply_rope(k, pos)
-    K, V = torch.cat([k_cache, k], dim=-2), torch.cat([v_cache, v], dim=-2)
     allowed = torch.ones(1, p + 1, dtype=torch.bool).tril()  # (Lq=1, Lk=p+1) aligned top-left: key 0 only
-    return _attend(q, K, V, allowed), K, V
+    return _step(q, k, v, k_cache, v_cache, pos=p, allowed=allowed)
 
 
 def _position_plus_one(q, k, v, k_cache, v_cache):
-    p = k_cache.shape[-2]
-    pos = torch.tensor([p + 1])                             # one too far: p cached tokens sit at 0 .. p-1
-    q, k = apply_rope(q, pos), apply_rope(k, pos)
-    K, V = torch.cat([k_cache, k], dim=-2), torch.cat([v_cache, v], dim=-2)
-    return _attend(q, K, V), K, V
+    return _step(q, k, v, k_cache, v_cache, pos=k_cache.shape[-2] + 1)  # one too far: cached tokens sit at 0 .. p-1
 
 
 def _half_layout(q, k, v, k_cache, v_cache):
-    p = k_cache.shape[-2]
-    pos = torch.tensor([p])
-    q, k = apply_rope(q, pos, layout="half"), apply_rope(k, pos, layout="half")  # the cache is interleaved
-    K, V = torch.cat([k_cache, k], dim=-2), torch.cat([v_cache, v], dim=-2)
-    return _attend(q, K, V), K, V
+    return _step(q, k, v, k_cache, v_cache, pos=k_cache.shape[-2], layout="half")  # the cache is interleaved
 
 
 def _unscaled(q, k, v, k_cache, v_cache):
-    p = k_cache.shape[-2]
-    pos = torch.tensor([p])
-    q, k = apply_rope(q, pos), apply_rope(k, pos)
-    K, V = torch.cat([k_cache, k], dim=-2), torch.cat([v_cache, v], dim=-2)
-    return torch.softmax(q @ K.transpose(-2, -1), dim=-1) @ V, K, V   # no 1/sqrt(d)
+    return _step(q, k, v, k_cache, v_cache, pos=k_cache.shape[-2], scale=False)  # no 1/sqrt(d)
 
 
 KV_DECODE_MISTAKES: dict[str, Callable] = {
