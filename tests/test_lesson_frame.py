@@ -15,6 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 import lesson_budget as lb  # noqa: E402
+from pristine import pristine  # tools/pristine.py: the committed copy of a notebook the learner edited
 
 NOTEBOOK_DIR = REPO / "notebooks"
 FRAMED = ["01_rope_rotation_matrix.ipynb", "02_rope_efficient.ipynb", "03_mha_from_scratch.ipynb",
@@ -35,7 +36,7 @@ REQUIRED_TERMS = [
 
 
 def _cells(path: Path) -> list[dict]:
-    return json.loads(path.read_text(encoding="utf-8"))["cells"]
+    return json.loads(pristine(path).read_text(encoding="utf-8"))["cells"]
 
 
 def _src(cell: dict) -> str:
@@ -130,10 +131,21 @@ def test_tool_counts_exercises_and_times_them(tmp_path):
     assert b.exercise_minutes == 2 * lb.MIN_PER_EXERCISE + 2 * lb.MIN_PER_FROM_MEMORY_EXERCISE
 
 
+def test_tool_uses_an_exercise_s_stated_time(tmp_path):
+    p = _nb(tmp_path, [
+        ("markdown", "## Exercises\n\n1. Plain (45–60 min). Do it.\n2. Plain, no time.\n3. **From memory** (20 min).\n"
+                     "4. Long (90 min)\n   a second line (5 min) is not read."),
+        ("markdown", "### Exercise 5: the cache from memory (about 40 min)\n\nWrite it."),
+    ])
+    b = lb.measure(p)
+    assert b.stated_minutes == {1: 60.0, 3: 20.0, 4: 90.0, 5: 40.0}
+    assert b.exercise_minutes == 60 + lb.MIN_PER_EXERCISE + 20 + 90 + 40
+
+
 # ----------------------------------------------------------------- the framed notebooks
 @pytest.mark.parametrize("name", FRAMED)
 def test_core_path_within_budget(name):
-    b = lb.measure(NOTEBOOK_DIR / name)
+    b = lb.measure(pristine(NOTEBOOK_DIR / name))
     assert lb.budget_problems(b) == [], f"{name}: " + "; ".join(lb.budget_problems(b)) + \
         f" (python tools/lesson_budget.py --sections --long notebooks/{name})"
 
@@ -141,7 +153,7 @@ def test_core_path_within_budget(name):
 @pytest.mark.parametrize("name", FRAMED)
 def test_header_states_computed_study_time_prerequisites_and_glossary(name):
     head = _src(_cells(NOTEBOOK_DIR / name)[0])
-    b = lb.measure(NOTEBOOK_DIR / name)
+    b = lb.measure(pristine(NOTEBOOK_DIR / name))
     m = re.search(r"\*\*Study time\.\*\*[^\n]*?core path about (\d+(?:\.\d)?) h, everything about (\d+(?:\.\d)?) h", head)
     assert m, f"{name}: the first cell must state '**Study time.** core path about X.X h, everything about Y.Y h'"
     core, everything = float(m.group(1)), float(m.group(2))
@@ -237,7 +249,7 @@ def test_every_notebook_links_the_glossary(path):
 def test_readme_study_times_come_from_the_tool():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     for path in MAIN:
-        b = lb.measure(path)
+        b = lb.measure(pristine(path))
         row = next((line for line in readme.splitlines() if line.startswith(f"| {path.name[:2]} |")), None)
         assert row, f"README has no row for {path.name}"
         m = re.search(r"(\d+\.\d) h core · (\d+\.\d) h all", row)

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from pristine import pristine  # tools/pristine.py: the committed copy of a notebook the learner edited
 
 _NB = Path(__file__).resolve().parents[1] / "notebooks"
 # The lessons and their appendix notebooks (notebooks/appendix/NNa_topic.ipynb), which nbval runs the same way.
@@ -21,7 +22,7 @@ def test_there_are_notebooks():
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_committed_from_one_clean_run(path: Path):
-    nb = json.loads(path.read_text(encoding="utf-8"))
+    nb = json.loads(pristine(path).read_text(encoding="utf-8"))
     code = [c for c in nb["cells"] if c["cell_type"] == "code" and "".join(c["source"]).strip()]
     counts = [c.get("execution_count") for c in code]
     assert None not in counts, f"{path.name}: {counts.count(None)} code cell(s) never executed"
@@ -42,7 +43,7 @@ def test_no_output_hidden_without_reason(path: Path):
     """nbval markers are cell tags, out of the learner's sight, never ``# NBVAL_...`` comments in
     the code they read; a cell whose output nbval ignores says why in its metadata
     (``nbval-ignore-reason``), and no cell is skipped: its asserts must still run."""
-    nb = json.loads(path.read_text(encoding="utf-8"))
+    nb = json.loads(pristine(path).read_text(encoding="utf-8"))
     for i, c in enumerate(nb["cells"]):
         src = "".join(c["source"])
         if c["cell_type"] != "code":
@@ -184,7 +185,7 @@ def _cells(nb):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_no_assert_on_where_a_roundoff_value_falls(path: Path):
-    nb = json.loads(path.read_text(encoding="utf-8"))
+    nb = json.loads(pristine(path).read_text(encoding="utf-8"))
     for i, (src, tags) in enumerate(_cells(nb)[1]):
         bad = roundoff_position_asserts(src)
         assert not bad, (f"{path.name}: code cell {i + 1} computes or asserts the decade of a value: {bad}. "
@@ -195,7 +196,7 @@ def test_no_assert_on_where_a_roundoff_value_falls(path: Path):
 def test_no_decade_printed_in_compared_output(path: Path):
     """The old convention printed 'of order 1e-7': a decade is not portable either (issue: AVX-512 printed
     1e-15 where 1e-16 was committed). Round-off sizes go through helpers.roundoff, which nbval masks."""
-    nb = json.loads(path.read_text(encoding="utf-8"))
+    nb = json.loads(pristine(path).read_text(encoding="utf-8"))
     for i, c in enumerate(_cells(nb)[0]):
         if "nbval-ignore-output" in c.get("metadata", {}).get("tags", []):
             continue
@@ -207,7 +208,7 @@ def test_no_decade_printed_in_compared_output(path: Path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_no_trained_digit_in_a_compared_cell(path: Path):
-    nb = json.loads(path.read_text(encoding="utf-8"))
+    nb = json.loads(pristine(path).read_text(encoding="utf-8"))
     code, cells = _cells(nb)
     found = [(i + 1, names, cells[i][0].splitlines()[0][:70]) for i, names in trained_digit_cells(cells)]
     assert not found, (f"{path.name}: cells that print digits of a trained result but whose output nbval compares "
@@ -277,7 +278,7 @@ LESSONS = [p for p in NOTEBOOKS if p.parent.name != "appendix" and p.stem != "00
 
 @pytest.mark.parametrize("path", LESSONS, ids=[p.name for p in LESSONS])
 def test_one_exercises_section(path: Path):
-    headings = exercises_headings(json.loads(path.read_text(encoding="utf-8")))
+    headings = exercises_headings(json.loads(pristine(path).read_text(encoding="utf-8")))
     assert len(headings) == 1, f"{path.name}: expected one Exercises section, found {len(headings)}: {headings}"
 
 

@@ -68,14 +68,17 @@ def test_a_process_or_thread_left_running_does_not_lose_the_pass():
     its PASS at once; the process is killed with the group and no marker is printed."""
     import time
 
-    for extra in ("import subprocess\nsubprocess.Popen(['sleep', '45'])\n",
+    import random
+
+    marker = f"45.{random.randrange(10**6):06d}"  # this run's own sleep: another test run's is never counted
+    for extra in (f"import subprocess\nsubprocess.Popen(['sleep', '{marker}'])\n",
                   "import threading, time\nthreading.Thread(target=lambda: time.sleep(45)).start()\n"):
         t0 = time.monotonic()
         out = run_solution("causal_sdpa", extra + SDPA, timeout=40)
         assert out.passed and time.monotonic() - t0 < 35, out.report()
         assert "\x1e" not in out.output and "practice-verdicts" not in out.output
-    left = subprocess.run(["pgrep", "-f", "^sleep 45$"], capture_output=True, text=True).stdout.split()
-    assert left == [], f"sleep 45 outlived its check: {left}"
+    left = subprocess.run(["pgrep", "-f", f"^sleep {marker}$"], capture_output=True, text=True).stdout.split()
+    assert left == [], f"sleep {marker} outlived its check: {left}"
 
 
 def test_sys_exit_while_checked_is_a_fail_with_its_cause():
@@ -115,10 +118,29 @@ def test_missing_name_and_unknown_card_are_errors():
 
 
 def _cli(tmp_path, *args):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ATTN_PRACTICE")}
-    env.update(ATTN_PRACTICE_STORE=str(tmp_path / "cli.sqlite3"), ATTN_PRACTICE_NOW="2026-12-01T09:00")
-    return subprocess.run([sys.executable, "-m", "helpers.practice", *map(str, args)], capture_output=True,
-                          text=True, env=env, cwd=REPO, timeout=120)
+    """``python -m helpers.practice ARGS`` run in this process (``main(argv)``, the module's entry point), with
+    the store and clock of a fresh CLI user. Two tests below start the real module in a child process."""
+    import contextlib
+    import io
+    from types import SimpleNamespace
+
+    from helpers.practice.__main__ import main
+
+    saved = dict(os.environ)
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        for k in [k for k in os.environ if k.startswith("ATTN_PRACTICE")]:
+            del os.environ[k]
+        os.environ.update(ATTN_PRACTICE_STORE=str(tmp_path / "cli.sqlite3"), ATTN_PRACTICE_NOW="2026-12-01T09:00")
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main([str(a) for a in args])
+            except SystemExit as e:  # argparse's own errors
+                code = e.code
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 def test_cli_due_check_stats_export_import(tmp_path):

@@ -15,6 +15,7 @@ from helpers.practice.daily import Clock, Practice, export_json, import_json, ra
 from helpers.practice.deck import PracticeError
 from helpers.practice.runner import Outcome, Verdict
 from helpers.practice.store import SCHEMA_VERSION, Store, StoreError, store_path
+from pristine import pristine  # tools/pristine.py: the committed copy of a notebook the learner edited
 
 START = "2026-12-01T09:00"
 
@@ -410,7 +411,7 @@ def test_fit_parameters_needs_a_history(practice):
 def test_committed_notebook_runs_on_a_temporary_store_and_a_fixed_clock():
     """nbval executes notebook 00 as committed: the mode comes from ATTN_PRACTICE_DEMO (conftest.py sets it
     to 1), never from an edited line, and only the setup cell builds a Practice."""
-    nb = json.loads((Path(__file__).resolve().parent.parent / "notebooks" / "00_daily_practice.ipynb").read_text())
+    nb = json.loads(pristine(Path(__file__).resolve().parent.parent / "notebooks" / "00_daily_practice.ipynb").read_text())
     code = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
     assert 'DEMO = os.environ.get("ATTN_PRACTICE_DEMO", "1") != "0"' in code[0]
     assert "Practice.demo() if DEMO else Practice()" in code[0] and "register_magic(practice, walkthrough=DEMO)" in code[0]

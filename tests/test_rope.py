@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import helpers
 from helpers import apply_rope_matrix, rope_angles, rope_frequencies, rotation_matrix
+from pristine import pristine  # tools/pristine.py: the committed copy of a notebook the learner edited
 
 F64 = torch.float64
 even_dims = st.integers(1, 32).map(lambda h: 2 * h)
@@ -310,7 +311,7 @@ NB01 = Path(__file__).resolve().parents[1] / "notebooks" / "01_rope_rotation_mat
 
 
 def _tagged_cell(path: Path, tag: str) -> str:
-    nb = json.loads(path.read_text(encoding="utf-8"))
+    nb = json.loads(pristine(path).read_text(encoding="utf-8"))
     found = [c for c in nb["cells"] if tag in c.get("metadata", {}).get("tags", [])]
     assert len(found) == 1, f"{path.name} must have exactly one cell tagged {tag!r}"
     return "".join(found[0]["source"])

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
+from pristine import pristine  # tools/pristine.py: the committed copy of a notebook the learner edited
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = ROOT / "notebooks"
@@ -310,8 +311,10 @@ def run_solutions(setup: str, solutions: list[Solution], cwd: Path, timeout: flo
     return results
 
 
-def _load(path: Path) -> dict:
-    return json.loads(path.read_text(encoding="utf-8"))
+def _load(path: Path, committed: bool = True) -> dict:
+    """The notebook the tests read: its committed version where the learner edited it (``--write``
+    reads and writes the working copy)."""
+    return json.loads((pristine(path) if committed else path).read_text(encoding="utf-8"))
 
 
 _CASES = [(p, s) for p in NOTEBOOKS for s in extract_solutions(_load(p))]
@@ -325,13 +328,18 @@ def solution_results():
     def get(path: Path) -> dict:
         if path not in cache:
             nb = _load(path)
-            cache[path] = run_solutions(setup_source(nb), extract_solutions(nb), cwd=path.parent)
+            # The setup cell alone first, in the same child: what it prints is cut from every solution's output
+            # (setup_free), without a second process for it.
+            setup_only = Solution(label="setup", cell=-1, blocks=["pass\n"], key=_SETUP_KEY)
+            cache[path] = run_solutions(setup_source(nb), [setup_only] + extract_solutions(nb), cwd=path.parent)
+            _SETUP_OUTPUT[path] = cache[path].pop(_SETUP_KEY).get("output", "")
         return cache[path]
 
     return get
 
 
 _SETUP_OUTPUT: dict[Path, str] = {}
+_SETUP_KEY = "(the setup cell alone)"
 
 
 def setup_free(output: str, path: Path) -> str:
@@ -349,7 +357,7 @@ def setup_free(output: str, path: Path) -> str:
 def write_outputs(path: Path) -> list[str]:
     """Run every solution of a notebook and write what it prints into its fold (see the module
     docstring). Returns one line per solution. Raises ``RuntimeError`` when a solution fails."""
-    nb = _load(path)
+    nb = _load(path, committed=False)
     sols = extract_solutions(nb)
     results = run_solutions(setup_source(nb), sols, cwd=path.parent)
     report = []

@@ -23,6 +23,7 @@ import nbformat
 import pytest
 
 from helpers import notebook_tools as nt
+from pristine import pristine  # tools/pristine.py: the committed copy of a notebook the learner edited
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb")) + sorted((REPO / "notebooks" / "appendix").glob("[0-9][0-9]*_*.ipynb"))
@@ -71,7 +72,7 @@ def test_there_are_notebooks():
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_widget_metadata_keeps_its_state(path: Path):
-    nb = nbformat.read(path, as_version=4)
+    nb = nbformat.read(pristine(path), as_version=4)
     widgets = nb.metadata.get("widgets")
     if widgets is not None:  # GitHub: "the 'state' key is missing from 'metadata.widgets'"
         assert isinstance(widgets.get(STATE, {}).get("state"), dict), (
@@ -80,7 +81,7 @@ def test_widget_metadata_keeps_its_state(path: Path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_html_export_shows_every_explorer_as_a_picture(path: Path):
-    nb = nbformat.read(path, as_version=4)
+    nb = nbformat.read(pristine(path), as_version=4)
     explorers = _explorer_outputs(nb)
     # Every lesson has an Explore section; an appendix notebook (evidence behind a lesson) may have none,
     # and neither has 00_daily_practice, the practice notebook: it is not a lesson (no sliders, no Exercises).

@@ -22,6 +22,7 @@ from helpers import MultiHeadAttention, TinyTransformer, causal_mask
 from helpers.practice.mha import SCAFFOLD
 from helpers.viz.attention import (attention_explorer, attention_explorer_state, attention_grid, plot_split_merge,
                                    stack_attention)
+from pristine import pristine  # tools/pristine.py: the committed copy of a notebook the learner edited
 
 NB03 = Path(__file__).resolve().parents[1] / "notebooks" / "03_mha_from_scratch.ipynb"
 
@@ -209,7 +210,7 @@ def test_split_merge_diagram_follows_the_real_reshape():
 
 # ------------------------------------------- notebook 03: inline code and scaffold
 def _tagged_cell(tag: str) -> str:
-    nb = json.loads(NB03.read_text(encoding="utf-8"))
+    nb = json.loads(pristine(NB03).read_text(encoding="utf-8"))
     found = [c for c in nb["cells"] if tag in c.get("metadata", {}).get("tags", [])]
     assert len(found) == 1, f"{NB03.name} must have exactly one cell tagged {tag!r}"
     return "".join(found[0]["source"])

@@ -12,6 +12,7 @@ import torch
 
 from helpers.regularization import dropout, optimal_logit_gap
 from helpers.viz.regularization import MAX_CLASSES, dropout_explorer, dropout_state, label_smoothing_explorer, label_smoothing_state
+from pristine import pristine  # tools/pristine.py: the committed copy of a notebook the learner edited
 
 NB04 = Path(__file__).resolve().parents[1] / "notebooks" / "04_regularization.ipynb"
 
@@ -48,7 +49,7 @@ def test_explorers_update_on_slider_moves():
 
 
 def test_notebook_inline_dropout_agrees_with_helpers():
-    nb = json.loads(NB04.read_text(encoding="utf-8"))
+    nb = json.loads(pristine(NB04).read_text(encoding="utf-8"))
     cells = [c for c in nb["cells"] if "inline-dropout" in c.get("metadata", {}).get("tags", [])]
     assert len(cells) == 1
     ns = {"torch": torch}

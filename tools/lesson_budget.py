@@ -17,8 +17,9 @@ Study time, from stated reading speeds (a learner reading technical English as a
 English prose 100 words/min (an inline formula counts as a word and 5 s more); Chinese 300 characters/min;
 a display formula 0.5 min; code 8 lines/min
 (read) plus 0.2 min to run each cell; printed output 20 lines/min; a figure 1 min; an exercise written
-from memory 30 min, any other exercise 8 min (the learner's study day of 2026-12-01 measured 20-40 min and
-8 min). The core time counts the core path; "everything" counts every cell, folds and
+from memory 30 min, any other exercise 15 min (the learners' reads of 2026-12-01 measured 20-40 min for
+the first and 8-25 min for the second), unless the exercise states its own time in its first line,
+"(45–60 min)", which then counts at its upper bound. The core time counts the core path; "everything" counts every cell, folds and
 optional sections included.
 
 This is project tooling (not part of ``helpers``); ``tests/test_lesson_frame.py`` enforces its budget.
@@ -45,7 +46,8 @@ CODE_LINES_PER_MIN = 8
 OUTPUT_LINES_PER_MIN = 20
 MIN_PER_FIGURE = 1.0
 MIN_PER_FROM_MEMORY_EXERCISE = 30.0
-MIN_PER_EXERCISE = 8.0
+MIN_PER_EXERCISE = 15.0
+STATED_MINUTES_RE = re.compile(r"\((?:about\s+)?(\d+)(?:\s*[–-]\s*(\d+))?\s*min\b")
 MIN_PER_CELL_RUN = 0.2
 
 # The budget of a core path (issue 29; enforced by tests/test_lesson_frame.py).
@@ -99,6 +101,7 @@ class Budget:
     core_figures: int = 0
     exercise_numbers: set = field(default_factory=set)
     from_memory_numbers: set = field(default_factory=set)
+    stated_minutes: dict = field(default_factory=dict)  # exercise number -> the time its first line states
     core_inline_formulas: int = 0
     all_inline_formulas: int = 0
     narration: list[str] = field(default_factory=list)
@@ -126,8 +129,15 @@ class Budget:
 
     @property
     def exercise_minutes(self) -> float:
-        other = self.exercises - self.from_memory_exercises
-        return self.from_memory_exercises * MIN_PER_FROM_MEMORY_EXERCISE + other * MIN_PER_EXERCISE
+        total = 0.0
+        for n in self.exercise_numbers:
+            if n in self.stated_minutes:
+                total += self.stated_minutes[n]
+            elif n in self.from_memory_numbers:
+                total += MIN_PER_FROM_MEMORY_EXERCISE
+            else:
+                total += MIN_PER_EXERCISE
+        return total
 
     @property
     def core_minutes(self) -> float:
@@ -210,6 +220,13 @@ def _outputs(cell) -> tuple[int, int, str]:
     return lines, figures, "\n".join(text)
 
 
+def _stated(b: "Budget", number: int, first_line: str) -> None:
+    """An exercise whose first line states its time, "(20 min)" or "(45–60 min)", counts at the upper bound."""
+    m = STATED_MINUTES_RE.search(first_line)
+    if m:
+        b.stated_minutes[number] = float(m.group(2) or m.group(1))
+
+
 def measure(path: Path) -> Budget:
     nb = json.loads(Path(path).read_text(encoding="utf-8"))
     appendix = "appendix" in Path(path).parts
@@ -253,6 +270,7 @@ def measure(path: Path) -> Budget:
                             b.exercise_numbers.add(int(number.group(1)))
                             if re.search(r"from memory|默写", title, re.IGNORECASE):
                                 b.from_memory_numbers.add(int(number.group(1)))
+                            _stated(b, int(number.group(1)), title)
                 self_core = not section.optional
                 # Everything: folds included.
                 all_text, all_f, all_i = _strip_markup(chunk)
@@ -267,6 +285,7 @@ def measure(path: Path) -> Budget:
                         b.exercise_numbers.add(int(n))
                         if re.search(r"from memory|默写", first_line, re.IGNORECASE):
                             b.from_memory_numbers.add(int(n))
+                        _stated(b, int(n), first_line)
                 text, f, inline = _strip_markup(core_chunk)
                 b.core_inline_formulas += inline
                 w, c = count_words(text)

@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
+import pristine  # noqa: E402  (tools/pristine.py, on the path from the root conftest)
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM_CANDIDATES = ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
@@ -148,7 +149,10 @@ def lab(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lab")
     # Always a temporary copy: autosave once overwrote a committed notebook with cleared outputs.
     root = tmp / "repo"
-    shutil.copytree(REPO, root, ignore=shutil.ignore_patterns(".git", "__pycache__", ".ipynb_checkpoints", "*.egg-info"))
+    shutil.copytree(REPO, root, ignore=shutil.ignore_patterns(".git", "__pycache__", ".ipynb_checkpoints", "*.egg-info",
+                                                              "*" + pristine.SUFFIX))
+    for working, committed in pristine.mapping_from_env().items():  # the learner's edits are not what is tested
+        shutil.copyfile(committed, root / Path(working).relative_to(REPO))
     settings = tmp / "settings"
     for rel, value in {
         "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false"},
