@@ -45,7 +45,7 @@ def pytest_addoption(parser) -> None:
 def _display(path: str) -> str:
     name = Path(path).name
     if name.startswith(".") and name.endswith(pristine.SUFFIX):
-        return name[1:-len(pristine.SUFFIX)] + ".ipynb (the committed version; your copy differs)"
+        return pristine.working_name(name) + " (the committed version; your copy differs)"
     return name
 
 

@@ -57,7 +57,7 @@ def main() -> None:
     t0 = time.perf_counter()
     runs = measure()
     out = {
-        "what": "notebook 04 section 5b: attention dropout vs residual dropout on associative recall, 256 training sequences",
+        "what": "appendix notebook 04a section 2: attention dropout vs residual dropout on associative recall, 256 training sequences",
         "script": "experiments/04_attention_dropout.py",
         "seeds": SEEDS, "settings": SETTINGS, "arms": ARMS,
         "curve_steps": list(range(SETTINGS["eval_every"], SETTINGS["steps"] + 1, SETTINGS["eval_every"])),

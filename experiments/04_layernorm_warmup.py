@@ -108,7 +108,7 @@ def main() -> None:
     t0 = time.perf_counter()
     runs = measure()
     out = {
-        "what": "notebook 04 section 5c: pre-LN vs post-LN with and without warm-up, 6-layer TinyTransformer, copy task",
+        "what": "appendix notebook 04a section 3: pre-LN vs post-LN with and without warm-up, 6-layer TinyTransformer, copy task",
         "script": "experiments/04_layernorm_warmup.py",
         "seeds": SEEDS, "settings": SETTINGS, "arms": ARMS,
         "machine": ablation.machine(),

@@ -16,8 +16,9 @@ Run from the repository root::
 Every experiment is a function of the seed (``schemes_run``, ``stretch_run``,
 ``nope_run``), called through :func:`helpers.sweep.sweep` (one worker process per core,
 ``seed_everything(seed)`` before each call), so one seed's numbers do not depend on the
-others or on the number of workers. ``tests/test_experiments_06.py`` re-runs two seeds
-of some of them and checks they fall inside the committed spread.
+others or on the number of workers. ``tests/test_experiments_06.py`` re-runs a seed
+or two of some of them and checks that each reproduces its own committed verdicts, within a band
+of its own values (CONTRIBUTING.md).
 
 Two parts were added later as new keys (the first three take about 40 min together and
 were not re-run):

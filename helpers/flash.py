@@ -100,7 +100,9 @@ def _check_qkv(q, k, v, causal, key_padding_mask, scale) -> tuple[int, float]:
     if k.shape[1] != v.shape[1] or k.shape[2] != v.shape[2]:
         raise ValueError(f"k and v must have the same heads and seq_k (dims 1, 2), got k {tuple(k.shape)} and v {tuple(v.shape)}")
     Hkv = k.shape[1]
-    if Hkv < 1 or H % Hkv != 0:
+    if H < 1 or Hkv < 1:
+        raise ValueError(f"q and k must each have at least 1 head (dim 1), got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    if H % Hkv != 0:
         raise ValueError(f"the number of query heads ({H}) must be a multiple of the number of K/V heads ({Hkv}) "
                          f"(grouped-query attention), got q {tuple(q.shape)} and k {tuple(k.shape)}")
     if not isinstance(causal, bool):

@@ -146,7 +146,11 @@ def head_importance(model: nn.Module, batches: Batches, normalize: bool = False,
     (the absolute value is taken per example, then averaged, as in the paper's eq. (2)).
     :math:`\mathcal L(x)` is the mean cross-entropy over the scored positions of example
     :math:`x`. One backward pass per batch gives all the per-example derivatives: the mask
-    is given per example, ``(batch, num_layers, num_heads)``.
+    is given per example, ``(batch, num_layers, num_heads)``, and the loss differentiated is
+    the sum over examples of each example's mean.
+
+    It computes gradients even when called under ``torch.no_grad()`` (it turns them back on
+    inside); under ``torch.inference_mode()`` autograd cannot run, so it refuses.
 
     Args:
         model: a :class:`~helpers.model.TinyTransformer` (evaluated in eval mode; its
@@ -158,34 +162,41 @@ def head_importance(model: nn.Module, batches: Batches, normalize: bool = False,
             the importance of the remaining heads *given* that pruning (for iterative pruning).
 
     Returns:
-        Float tensor ``(num_layers, num_heads)`` (on the model's device), >= 0. The
-        batches are moved to the model's device.
+        Tensor ``(num_layers, num_heads)`` (on the model's device, in the model's floating
+        dtype or float32 if that is narrower), >= 0. The batches are moved to the model's device.
     """
     _check_model(model)
+    if torch.is_inference_mode_enabled():
+        raise RuntimeError(
+            "head_importance differentiates the loss with respect to the head gates, so it needs autograd, "
+            "which torch.inference_mode() turns off: call it outside that block (under torch.no_grad() it works)"
+        )
     data = _as_batches(batches)
     L, H = _heads(model)
-    dev = _model_device(model)
-    base = torch.ones(L, H, device=dev) if head_mask is None else _check_mask_shape(head_mask, L, H).float().to(dev)
+    dev, dtype = _model_device(model), _model_dtype(model)
+    base = (torch.ones(L, H, device=dev, dtype=dtype) if head_mask is None
+            else _check_mask_shape(head_mask, L, H).to(device=dev, dtype=dtype))
     was_training = model.training
     model.eval()
     total = None
     count = 0
     try:
-        for x, y in data:
-            x, y = _to_device((x, y), dev)
-            scored = (y != IGNORE_INDEX)
-            has = scored.any(dim=1)
-            if not bool(has.any()):
-                continue
-            xi = base.expand(x.shape[0], L, H).clone().requires_grad_(True)
-            logits = model(x, head_mask=xi, need_weights=False)
-            ce = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), ignore_index=IGNORE_INDEX,
-                                 reduction="none").view(y.shape)
-            per_example = ce.sum(1) / scored.sum(1).clamp_min(1)  # L(x) for each row
-            (grad,) = torch.autograd.grad(per_example.sum(), xi)
-            g = grad.detach().abs()[has].sum(0)
-            total = g if total is None else total + g
-            count += int(has.sum())
+        with torch.enable_grad():
+            for x, y in data:
+                x, y = (t.clone() if t.is_inference() else t for t in _to_device((x, y), dev))
+                scored = (y != IGNORE_INDEX)
+                has = scored.any(dim=1)
+                if not bool(has.any()):
+                    continue
+                xi = base.expand(x.shape[0], L, H).clone().requires_grad_(True)
+                logits = model(x, head_mask=xi, need_weights=False)
+                ce = F.cross_entropy(logits.flatten(0, 1).to(torch.promote_types(logits.dtype, torch.float32)),
+                                     y.flatten(), ignore_index=IGNORE_INDEX, reduction="none").view(y.shape)
+                per_example = ce.sum(1) / scored.sum(1).clamp_min(1)  # L(x) for each row
+                (grad,) = torch.autograd.grad(per_example.sum(), xi)
+                g = grad.detach().to(ce.dtype).abs()[has].sum(0)
+                total = g if total is None else total + g
+                count += int(has.sum())
     finally:
         model.train(was_training)
     if total is None:
@@ -194,6 +205,14 @@ def head_importance(model: nn.Module, batches: Batches, normalize: bool = False,
     if normalize:
         imp = imp / imp.norm(dim=1, keepdim=True).clamp_min(1e-20)
     return imp
+
+
+def _model_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype of ``model``'s first floating-point parameter; float32 for a model without one."""
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return torch.float32
 
 
 def _check_mask_shape(mask, L: int, H: int) -> torch.Tensor:

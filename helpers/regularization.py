@@ -162,6 +162,8 @@ def label_smoothing_cross_entropy(
 
     The loss is computed in ``torch.promote_types(logits.dtype, torch.float32)`` (float16 and
     bfloat16 in float32, float64 in float64) and returned in the dtype of ``logits``.
+    The targets are checked against ``[0, K)`` by value, which a ``meta`` tensor has none of:
+    on the ``meta`` device the call raises ``NotImplementedError``.
 
     Returns:
         A scalar (``"mean"``, ``"sum"``) or the per-position losses (``"none"``, 0 where ignored).

@@ -265,6 +265,76 @@ def test_label_smoothing_others_equals_uniform_with_rescaled_eps():
             F.cross_entropy(logits, target, label_smoothing=uniform_eps_from_others(eps, V), ignore_index=ii))
 
 
+def test_dropout_eval_scaled_by_keep_prob_is_named():
+    """Inverted dropout in training with the classic evaluation rule (1 - p) x, written as a learner would."""
+    def mixed(x, p, training=True, generator=None):
+        if not training:
+            return x - p * x
+        return x * (torch.rand(x.shape, generator=generator) >= p) / (1 - p) if p > 0 else x
+
+    r = check_dropout(mixed)
+    assert r.diagnosis == "eval_scaled_by_keep_prob" and "evaluation (training=False)" in r.failed_input
+    assert "returns x unchanged" in r.message
+
+
+def _one_hot_first(convention):
+    def loss(logits, target, eps, ignore_index=-100):
+        V = logits.shape[-1]
+        onehot = F.one_hot(target, V).float()          # before the ignored rows are filtered out
+        q = onehot * (1 - eps) + (eps / V if convention == "uniform" else (1 - onehot) * eps / (V - 1))
+        keep = target != ignore_index
+        return -(q[keep] * logits.log_softmax(-1)[keep]).sum(-1).mean()
+    return loss
+
+
+def _indexed_first(logits, target, eps, ignore_index=-100):
+    logp = logits.log_softmax(-1)
+    nll = -logp[torch.arange(len(target)), target]     # IndexError at -100
+    keep = target != ignore_index
+    return ((1 - eps) * nll[keep] - eps * logp[keep].mean(-1)).mean()
+
+
+def _gathered_first(logits, target, eps, ignore_index=-100):
+    logp = logits.log_softmax(-1)
+    nll = -logp.gather(1, target[:, None])[:, 0]        # RuntimeError at -100
+    keep = target != ignore_index
+    return ((1 - eps) * nll[keep] - eps * logp[keep].mean(-1)).mean()
+
+
+@pytest.mark.parametrize("convention", ["uniform", "others"])
+@pytest.mark.parametrize("fn, raised", [(None, "RuntimeError (Class values must be non-negative."),
+                                        (_indexed_first, "IndexError (index -100 is out of bounds"),
+                                        (_gathered_first, "RuntimeError (index -100 is out of bounds")])
+def test_label_smoothing_one_hot_before_filtering_is_named(convention, fn, raised):
+    """torch's bare error for an ignored row's target (F.one_hot, an index, gather) becomes a named diagnosis."""
+    r = check_label_smoothing(fn or _one_hot_first(convention), convention)
+    assert not r.passed and r.diagnosis == "indexed_before_filtering", r.message
+    assert r.failed_input == r.inputs[0] and "ignore_index -100" in r.failed_input
+    assert f"raised {raised}" in r.message
+    assert "Filter rows with target == ignore_index before one_hot" in r.message
+
+
+def test_label_smoothing_unrelated_error_on_ignored_rows_stays_an_exception():
+    def broken(logits, target, eps, ignore_index=-100):
+        raise IndexError("list index out of range")
+    r = check_label_smoothing(broken, "others")
+    assert r.diagnosis == "exception" and "raised IndexError: list index out of range" in r.message
+
+
+def test_label_smoothing_eps_over_v_in_others_is_named():
+    """The notes' convention with torch's per-class share eps/V, written with one_hot after filtering."""
+    def slip(logits, target, eps, ignore_index=-100):
+        V = logits.shape[-1]
+        keep = target != ignore_index
+        onehot = F.one_hot(target[keep], V).float()
+        q = onehot * (1 - eps) + (1 - onehot) * eps / V
+        return -(q * logits[keep].log_softmax(-1)).sum(-1).mean()
+
+    r = check_label_smoothing(slip, "others")
+    assert r.diagnosis == "eps_over_V_in_others" and "eps/(V-1) each" in r.message
+    assert check_label_smoothing(slip, "uniform").diagnosis != "eps_over_V_in_others"
+
+
 def test_label_smoothing_convention_error():
     with pytest.raises(ValueError, match=r"convention must be one of \('uniform', 'others'\), got 'notes'"):
         check_label_smoothing(LABEL_SMOOTHING_SOLUTIONS["others"], "notes")
@@ -277,6 +347,60 @@ def test_head_importance_library_and_batched_solution_pass():
         return head_importance(model, (inputs, targets))
 
     assert check_head_importance(batched).passed
+
+
+def _loop_importance(abs_per_example: bool, skip_unscored: bool):
+    """A learner's loop over examples, with .backward(): |.| per example or after the sum; the unscored row skipped or not;
+    always divided by the batch size."""
+    def importance(model, inputs, targets):
+        N, H = model.num_layers, model.num_heads
+        total = torch.zeros(N, H)
+        for x, y in zip(inputs, targets):
+            if skip_unscored and (y == -100).all():
+                continue
+            g = torch.ones(N, H, requires_grad=True)
+            F.cross_entropy(model(x[None], head_mask=g)[0], y, ignore_index=-100).backward()
+            total += g.grad.abs() if abs_per_example else g.grad
+        return (total if abs_per_example else total.abs()) / len(inputs)
+    return importance
+
+
+def test_head_importance_names_two_mistakes_at_once():
+    r = check_head_importance(_loop_importance(abs_per_example=False, skip_unscored=False))
+    assert r.diagnosis == "averaged_before_abs+mean_over_all_rows", r.message
+    assert "Two mistakes at once" in r.message and "no single common mistake" not in r.message
+
+
+@pytest.mark.parametrize("skip_unscored", [True, False])
+def test_head_importance_mean_over_all_rows_whether_or_not_the_row_is_skipped(skip_unscored):
+    r = check_head_importance(_loop_importance(abs_per_example=True, skip_unscored=skip_unscored))
+    assert r.diagnosis == "mean_over_all_rows", r.message
+    assert "you skip the rows" not in r.message and "you divide by the batch size" in r.message
+    assert "whether you skip them or not" in r.message
+
+
+def test_head_importance_per_example_gate_with_summed_loss():
+    def batched_sum(model, inputs, targets):  # one backward pass, reduction="sum", mean over every row
+        g = torch.ones(inputs.shape[0], model.num_layers, model.num_heads, requires_grad=True)
+        F.cross_entropy(model(inputs, head_mask=g).flatten(0, 1), targets.flatten(), ignore_index=-100,
+                        reduction="sum").backward()
+        return g.grad.abs().mean(0)
+
+    r = check_head_importance(batched_sum)
+    assert r.diagnosis == "summed_over_positions+mean_over_all_rows", r.message
+    assert "the sum over examples of each example's mean L(x)" in r.message
+
+    def batched_right(model, inputs, targets):  # the same pass with the loss = sum over examples of each mean
+        g = torch.ones(inputs.shape[0], model.num_layers, model.num_heads, requires_grad=True)
+        ce = F.cross_entropy(model(inputs, head_mask=g).flatten(0, 1), targets.flatten(), ignore_index=-100,
+                             reduction="none").view(targets.shape)
+        n = (targets != -100).sum(1)
+        (ce.sum(1) / n.clamp_min(1)).sum().backward()
+        return g.grad.abs()[n > 0].mean(0)
+
+    assert check_head_importance(batched_right).passed
+    unknown = check_head_importance(_perturbed(head_importance_solution))
+    assert "the loss = the sum over examples of each example's mean L(x)" in unknown.message
 
 
 def test_per_input_tolerance_of_the_engine():
@@ -309,6 +433,13 @@ def test_sinusoidal_solution_is_the_papers_formula():
 def test_alibi_solution_values_from_the_paper():
     """Press et al.: 8 heads -> 1/2, 1/4, ..., 1/256."""
     assert alibi_slopes_solution(8) == [2.0 ** -k for k in range(1, 9)]
+
+
+def test_alibi_messages_use_the_lessons_notation():
+    """Notebook 06 section 1 writes the slopes s_h = 2^(-8h/H); the checker's messages use the same letters."""
+    text = str(check_alibi_slopes(lambda n: [0.3] * n))  # no planted mistake: the fallback hint
+    assert "s_h = 2**(-8h/n) for h = 1 .. n" in text and "m_k" not in text
+    assert all("m_k" not in advice for advice in ALIBI_SLOPES_ADVICE.values())
 
 
 def test_kv_reference_is_the_last_row_of_full_causal_attention():

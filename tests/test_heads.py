@@ -58,6 +58,42 @@ def test_head_importance_normalize_and_given_mask(model, data):
     assert not torch.allclose(imp, hd.head_importance(model, data))
 
 
+def test_head_importance_under_no_grad_and_with_inference_tensors(model, data):
+    # it turns gradients back on itself: torch.no_grad() around the call changes nothing
+    imp = hd.head_importance(model, data)
+    with torch.no_grad():
+        torch.testing.assert_close(hd.head_importance(model, data), imp, atol=0, rtol=0)
+        torch.testing.assert_close(hd.pruning_curve(model, data, "importance", recompute=True).accuracy,
+                                   hd.pruning_curve(model, data, "importance", recompute=True).accuracy)
+    with torch.inference_mode():  # data made under inference mode, used outside it
+        x_inf, y_inf = (t.clone() for t in data)
+    torch.testing.assert_close(hd.head_importance(model, (x_inf, y_inf)), imp, atol=0, rtol=0)
+
+
+def test_head_importance_refuses_inference_mode(model, data):
+    with torch.inference_mode():
+        with pytest.raises(RuntimeError, match=r"head_importance .* needs autograd, which torch\.inference_mode\(\) "
+                                               r"turns off: call it outside that block \(under torch\.no_grad\(\) it works\)"):
+            hd.head_importance(model, data)
+
+
+def test_head_importance_in_the_models_dtype(model, data):
+    x, y = data
+    m64 = TinyTransformer(10, 16, H, L, 12, pos="rope", seed=0).double().eval()
+    imp64 = hd.head_importance(m64, data, normalize=True)
+    assert imp64.dtype == torch.float64
+    ref = torch.zeros(L, H, dtype=torch.float64)
+    for i in range(len(x)):
+        xi = torch.ones(L, H, dtype=torch.float64, requires_grad=True)
+        (g,) = torch.autograd.grad(_loss(m64, x[i : i + 1], y[i : i + 1], xi), xi)
+        ref += g.abs()
+    ref = ref / len(x)
+    torch.testing.assert_close(imp64, ref / ref.norm(dim=1, keepdim=True), atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(hd.head_importance(m64, data).float(), hd.head_importance(model, data), atol=1e-6, rtol=1e-4)
+    m16 = TinyTransformer(10, 16, H, L, 12, pos="rope", seed=0).to(torch.bfloat16).eval()
+    assert hd.head_importance(m16, data).dtype == torch.float32    # accumulated in float32 at least
+
+
 def test_first_order_taylor_predicts_the_loss_change(model, data):
     """Scaling one head by (1 - eps) changes the loss by about -eps * dL/dxi (Michel et al. sec. 4.1)."""
     x, y = data

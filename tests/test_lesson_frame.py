@@ -22,7 +22,7 @@ FRAMED = ["01_rope_rotation_matrix.ipynb", "02_rope_efficient.ipynb", "03_mha_fr
           "04_regularization.ipynb", "05_head_redundancy.ipynb", "06_positional_encodings_compared.ipynb", "07_from_scratch_to_huggingface.ipynb",
           "08_attention_cost_flashattention.ipynb"]
 MAIN = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
-APPENDIX = sorted((NOTEBOOK_DIR / "appendix").glob("*.ipynb"))
+APPENDIX = sorted((NOTEBOOK_DIR / "appendix").glob("[0-9][0-9]*_*.ipynb"))  # not a hidden committed copy
 NOTES_DIR = REPO.parent / "shared" / "notes"
 GLOSSARY = REPO / "GLOSSARY.md"
 CJK = re.compile(r"[\u3400-\u9fff]")

@@ -170,3 +170,57 @@ def test_online_update_in_float32_is_named_as_round_off():
 
     r = check_online_softmax_update(in_float32)
     assert not r.passed and r.diagnosis == "dtype" and "float32 round-off" in r.message
+
+
+# ------------------------------------------------- learner-written forms of the inverted rescale, the normalised
+# accumulator and the plain sum of the merge are named, not answered with the whole recipe
+def _inverted_rescale(m, l, acc, s, v):
+    """e^{m' - m} instead of e^{m - m'}, with the usual guard: inf * 0 = NaN at the first block."""
+    m_new = torch.maximum(m, s.amax(dim=-1))
+    ref = torch.where(m_new == -math.inf, torch.zeros_like(m_new), m_new)
+    alpha = torch.exp(ref - m)
+    p = torch.exp(s - ref[:, None])
+    return m_new, alpha * l + p.sum(-1), alpha[:, None] * acc + torch.einsum("rb,rbd->rd", p, v)
+
+
+def _inverted_rescale_no_guard(m, l, acc, s, v):
+    m_new = torch.maximum(m, s.amax(dim=-1))
+    alpha, p = torch.exp(m_new - m), torch.exp(s - m_new[:, None])
+    return m_new, alpha * l + p.sum(-1), alpha[:, None] * acc + (p[..., None] * v).sum(-2)
+
+
+def _returns_acc_over_l(m, l, acc, s, v):
+    """The solution, but acc / l returned: the next block then rescales an average as if it were a sum."""
+    m_new, l_new, acc_new = online_softmax_update_solution(m, l, acc, s, v)
+    return m_new, l_new, acc_new / l_new[:, None]
+
+
+def _keeps_output_normalised(m, l, acc, s, v):
+    """FlashAttention Algorithm 1's renormalised output (right output, but acc is not the unnormalised sum)."""
+    m_new = torch.maximum(m, s.amax(dim=-1))
+    ref = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
+    alpha, p = torch.exp(m - ref), torch.exp(s - ref[:, None])
+    l_new = alpha * l + p.sum(-1)
+    return m_new, l_new, ((alpha * l)[:, None] * acc + torch.einsum("rb,rbd->rd", p, v)) / l_new[:, None]
+
+
+@pytest.mark.parametrize("update, name", [
+    (_inverted_rescale, "rescale_inverted"), (_inverted_rescale_no_guard, "rescale_inverted"),
+    (_returns_acc_over_l, "accumulator_normalised"), (_keeps_output_normalised, "accumulator_normalised"),
+])
+def test_learner_forms_of_inverted_rescale_and_normalised_accumulator_are_named(update, name):
+    r = check_online_softmax_update(update)
+    assert not r.passed and r.diagnosis == name, r.message
+    assert ONLINE_SOFTMAX_ADVICE[name] in r.message and "no single common mistake" not in r.message
+
+
+@pytest.mark.parametrize("lse_of", [
+    lambda l1, l2: torch.logaddexp(l1, l2),                        # the right lse
+    lambda l1, l2: l1 + l2,                                        # summed as well
+    lambda l1, l2: torch.log(torch.exp(l1) + torch.exp(l2)),      # unshifted (inf near 200)
+    lambda l1, l2: torch.maximum(l1, l2) + torch.log(torch.exp(l1 - torch.maximum(l1, l2)) + torch.exp(l2 - torch.maximum(l1, l2))),
+])
+def test_plain_sum_of_the_outputs_is_named(lse_of):
+    r = check_merge_partials(lambda o1, l1, o2, l2: (o1 + o2, lse_of(l1, l2)))
+    assert not r.passed and r.diagnosis == "outputs_summed", r.message
+    assert MERGE_ADVICE["outputs_summed"] in r.message and "big = max(lse1, lse2)" not in r.message

@@ -62,7 +62,8 @@ def test_finds_the_edited_notebooks_and_writes_their_committed_version(tmp_path)
     mapping = pristine.write_pristine_copies(repo, edited)
     try:
         copy = Path(mapping[str(edited[0])])
-        assert copy == edited[0].with_name(".01_a.committed.ipynb")
+        assert copy == edited[0].with_name(f".01_a.{os.getpid()}.committed.ipynb")
+        assert pristine.working_name(copy.name) == "01_a.ipynb" and pristine.working_name(".01_a.committed.ipynb") == "01_a.ipynb"
         assert json.loads(copy.read_text())["cells"][0]["outputs"][0]["text"] == "42\n"
         assert "learner's note" in edited[0].read_text()  # the learner's copy is left as it was
         os.environ[pristine.ENV] = json.dumps(mapping)

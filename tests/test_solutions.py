@@ -54,7 +54,8 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
-from pristine import pristine  # tools/pristine.py: the committed copy of a notebook the learner edited
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # also when run as a script (--write)
+from pristine import pristine  # noqa: E402  (tools/pristine.py: the committed copy of a notebook the learner edited)
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = ROOT / "notebooks"

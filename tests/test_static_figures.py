@@ -88,7 +88,7 @@ def test_html_export_shows_every_explorer_as_a_picture(path: Path):
     assert explorers or path.parent.name == "appendix" or path.stem == "00_daily_practice", (
         f"{path.name}: no explorer output (every notebook has an Explore section); "
         f"was it committed unexecuted? Regenerate with: {nt.REGENERATE}")
-    html = _html(path)
+    html = _html(pristine(path))
     for cell, out in explorers:
         where = f"{path.name}, cell {cell.id} ({cell.source.splitlines()[-1]!r})"
         png = out["data"].get("image/png")

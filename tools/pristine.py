@@ -7,7 +7,7 @@ minutes. nbval compares every cell's new output with the saved one, so a learner
 * :func:`edited_notebooks` asks git which notebooks under ``notebooks/`` differ from ``HEAD``
   (``git diff --name-only HEAD``: staged or not, git's own line-ending filters applied);
 * :func:`write_pristine_copies` writes each one's committed version beside it, under a hidden name
-  ``.NAME.committed.ipynb`` (same folder, so the notebook's relative paths still resolve; ignored by git
+  ``.NAME.PID.committed.ipynb`` (same folder, so the notebook's relative paths still resolve; ignored by git
   and hidden by JupyterLab), and returns the mapping working copy -> committed copy;
 * :func:`pristine` maps a path through that mapping (kept in the environment variable
   ``ATTN_PRISTINE_NOTEBOOKS`` so that pytest-xdist's workers, started after it is set, see it too).
@@ -27,9 +27,17 @@ ENV = "ATTN_PRISTINE_NOTEBOOKS"
 SUFFIX = ".committed.ipynb"
 
 
-def pristine_name(path: Path) -> Path:
-    """``notebooks/01_x.ipynb`` -> ``notebooks/.01_x.committed.ipynb``."""
-    return path.with_name("." + path.stem + SUFFIX)
+def pristine_name(path: Path, tag: str = "") -> Path:
+    """``notebooks/01_x.ipynb`` -> ``notebooks/.01_x.TAG.committed.ipynb`` (TAG: the writing process's id, so
+    that two test runs at once never share, or remove, each other's copies)."""
+    return path.with_name("." + path.stem + (f".{tag}" if tag else "") + SUFFIX)
+
+
+def working_name(copy_name: str) -> str:
+    """``.01_x.1234.committed.ipynb`` -> ``01_x.ipynb``."""
+    stem = copy_name[1:-len(SUFFIX)]
+    head, _, tail = stem.rpartition(".")
+    return (head if tail.isdigit() and head else stem) + ".ipynb"
 
 
 def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
@@ -71,7 +79,7 @@ def write_pristine_copies(repo: Path, paths: list[Path]) -> dict[str, str]:
         done = _git(repo, "show", f"HEAD:{rel}")
         if done.returncode != 0:
             continue
-        copy = pristine_name(Path(path).resolve())
+        copy = pristine_name(Path(path).resolve(), str(os.getpid()))
         copy.write_bytes(done.stdout)
         mapping[str(Path(path).resolve())] = str(copy)
     return mapping

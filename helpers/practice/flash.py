@@ -86,6 +86,41 @@ def _rescale_inverted(m, l, acc, s, v):
     return m_new, alpha * l + p.sum(-1), alpha.unsqueeze(-1) * acc + (p.unsqueeze(-1) * v).sum(-2)
 
 
+def _rescale_inverted_unguarded(m, l, acc, s, v):
+    m_new = torch.maximum(m, s.amax(dim=-1))
+    ref = _guarded(m_new)
+    alpha, p = torch.exp(ref - m), torch.exp(s - ref.unsqueeze(-1))  # first block: e^{m' - (-inf)} = inf, inf * 0 = NaN
+    return m_new, alpha * l + p.sum(-1), alpha.unsqueeze(-1) * acc + (p.unsqueeze(-1) * v).sum(-2)
+
+
+def _rescale_inverted_no_guard(m, l, acc, s, v):
+    m_new = torch.maximum(m, s.amax(dim=-1))
+    alpha, p = torch.exp(m_new - m), torch.exp(s - m_new.unsqueeze(-1))
+    return m_new, alpha * l + p.sum(-1), alpha.unsqueeze(-1) * acc + (p.unsqueeze(-1) * v).sum(-2)
+
+
+def _acc_normalised(m, l, acc, s, v):
+    m_new, l_new, acc_new = online_softmax_update_solution(m, l, acc, s, v)
+    return m_new, l_new, acc_new / l_new.unsqueeze(-1)           # acc / l returned: the next block rescales an average
+
+
+def _acc_kept_normalised(m, l, acc, s, v):
+    m_new = torch.maximum(m, s.amax(dim=-1))                      # FlashAttention's Algorithm 1: the output renormalised
+    ref = _guarded(m_new)                                         # at every block, correct but not the unnormalised acc
+    alpha, p = torch.exp(m - ref), torch.exp(s - ref.unsqueeze(-1))
+    l_new = alpha * l + p.sum(-1)
+    safe = torch.where(l_new == 0, torch.ones_like(l_new), l_new)
+    return m_new, l_new, ((alpha * l).unsqueeze(-1) * acc + (p.unsqueeze(-1) * v).sum(-2)) / safe.unsqueeze(-1)
+
+
+def _acc_kept_normalised_unguarded(m, l, acc, s, v):
+    m_new = torch.maximum(m, s.amax(dim=-1))
+    ref = _guarded(m_new)
+    alpha, p = torch.exp(m - ref), torch.exp(s - ref.unsqueeze(-1))
+    l_new = alpha * l + p.sum(-1)
+    return m_new, l_new, ((alpha * l).unsqueeze(-1) * acc + (p.unsqueeze(-1) * v).sum(-2)) / l_new.unsqueeze(-1)
+
+
 def _new_max_only(m, l, acc, s, v):
     m_new = torch.maximum(m, s.amax(dim=-1))
     ref = _guarded(m_new)
@@ -132,6 +167,7 @@ def _block_max_only(m, l, acc, s, v):
 
 ONLINE_SOFTMAX_MISTAKES: dict[str, Callable] = {
     "accumulator_not_rescaled": _acc_not_rescaled,
+    "accumulator_normalised": _acc_normalised,
     "normaliser_not_rescaled": _l_not_rescaled,
     "rescale_inverted": _rescale_inverted,
     "rescaled_by_new_max_only": _new_max_only,
@@ -141,6 +177,14 @@ ONLINE_SOFTMAX_MISTAKES: dict[str, Callable] = {
     "finite_mask_value": _finite_mask_value,
     "block_max_only": _block_max_only,
 }
+
+# Other ways of writing the same mistakes, tried after ONLINE_SOFTMAX_MISTAKES (same names, same advice).
+_ONLINE_SOFTMAX_VARIANTS = (
+    ("rescale_inverted", _rescale_inverted_unguarded),
+    ("rescale_inverted", _rescale_inverted_no_guard),
+    ("accumulator_normalised", _acc_kept_normalised),
+    ("accumulator_normalised", _acc_kept_normalised_unguarded),
+)
 
 ONLINE_SOFTMAX_ADVICE: dict[str, str] = {
     "accumulator_not_rescaled": (
@@ -153,9 +197,14 @@ ONLINE_SOFTMAX_ADVICE: dict[str, str] = {
         "the new terms to the old l without the factor e^{m - m'}, so the weights no longer sum to 1 once the "
         "maximum rises."
     ),
+    "accumulator_normalised": (
+        "Accumulator returned normalised (accumulator_normalised): acc must stay the unnormalised "
+        "sum_j e^{s_j - m} v_j, the same kind of sum as l; the division acc / l happens once, after the last "
+        "block (FlashAttention-2's tweak 1). Return acc' = e^{m - m'} acc + sum_j e^{s_j - m'} v_j, not acc' / l'."
+    ),
     "rescale_inverted": (
         "Rescaling factor upside down (rescale_inverted): the old sums are multiplied by e^{m - m'} (<= 1, the "
-        "new maximum is larger), not e^{m' - m}."
+        "new maximum is larger), not e^{m' - m}. At the first block m = -inf, so e^{m' - m} = inf and inf * 0 = NaN."
     ),
     "rescaled_by_new_max_only": (
         "Old sums rescaled by the new maximum only (rescaled_by_new_max_only): the factor is e^{m - m'}, "
@@ -273,7 +322,7 @@ def check_online_softmax_update(fn: Callable, seed: int = 0) -> CheckResult:
     """
     return run_check(
         fn, _fold_call, _fold_reference, ONLINE_SOFTMAX_MISTAKES, ONLINE_SOFTMAX_ADVICE, _online_inputs(seed),
-        atol=1e-9, rtol=1e-7,
+        variants=_ONLINE_SOFTMAX_VARIANTS, atol=1e-9, rtol=1e-7,
         unknown_hint="Check in order: m' = max(m, s.amax(-1)); ref = where(m' == -inf, 0, m'); alpha = exp(m - ref); "
                      "p = exp(s - ref[..., None]); l' = alpha l + p.sum(-1); acc' = alpha[..., None] acc + (p[..., None] v).sum(-2).",
         pass_message="PASS: your update, folded over the blocks, equals helpers.flash.online_softmax_update (output "
@@ -326,9 +375,21 @@ def _no_max_subtracted(o1, lse1, o2, lse2):
 
 
 def _unnormalised_sum(o1, lse1, o2, lse2):
-    big = torch.maximum(lse1, lse2)
-    lse = big + torch.log(torch.exp(lse1 - big) + torch.exp(lse2 - big))
+    _, lse = merge_partials_solution(o1, lse1, o2, lse2)
     return o1 + o2, lse                                        # partial outputs are averages: they need weights
+
+
+def _everything_summed(o1, lse1, o2, lse2):
+    return o1 + o2, lse1 + lse2                                # the outputs and the log-sum-exps both summed
+
+
+def _summed_lse_unguarded(o1, lse1, o2, lse2):
+    big = torch.maximum(lse1, lse2)                            # NaN where both parts are empty
+    return o1 + o2, big + torch.log(torch.exp(lse1 - big) + torch.exp(lse2 - big))
+
+
+def _summed_lse_unshifted(o1, lse1, o2, lse2):
+    return o1 + o2, torch.log(torch.exp(lse1) + torch.exp(lse2))   # inf above about 88 in float32
 
 
 MERGE_MISTAKES: dict[str, Callable] = {
@@ -340,6 +401,13 @@ MERGE_MISTAKES: dict[str, Callable] = {
     "outputs_summed": _unnormalised_sum,
     "nan_when_both_empty": _both_empty_nan,
 }
+
+# Other ways of writing the same mistakes, tried after MERGE_MISTAKES (same names, same advice).
+_MERGE_VARIANTS = (
+    ("outputs_summed", _everything_summed),
+    ("outputs_summed", _summed_lse_unguarded),
+    ("outputs_summed", _summed_lse_unshifted),
+)
 
 MERGE_ADVICE: dict[str, str] = {
     "averaged": (
@@ -363,8 +431,9 @@ MERGE_ADVICE: dict[str, str] = {
         "about 88 (inf / inf = NaN). Subtract max(lse_1, lse_2) before exponentiating (and guard max = -inf)."
     ),
     "outputs_summed": (
-        "Partial outputs summed (outputs_summed): each o_i is already normalised over its own keys (an "
-        "average of values); weight them by e^{lse_i - lse}, which sum to 1."
+        "Partial outputs summed (outputs_summed): o = o1 + o2 counts each part as if it held all the mass, but "
+        "each o_i is already normalised over its own keys (an average of values). Weight them by their shares "
+        "e^{lse_i - lse}, which sum to 1; the merged lse is logaddexp(lse1, lse2), not lse1 + lse2."
     ),
     "nan_when_both_empty": (
         "NaN when both parts are empty (nan_when_both_empty): lse = logaddexp(lse_1, lse_2) is right, but where "
@@ -425,7 +494,7 @@ def check_merge_partials(fn: Callable, seed: int = 0) -> CheckResult:
         :class:`~helpers.practice.engine.CheckResult`; ``print`` it. Never raises on the learner's errors.
     """
     return run_check(
-        fn, _merge_call, _merge_reference, MERGE_MISTAKES, MERGE_ADVICE, _merge_inputs(seed),
+        fn, _merge_call, _merge_reference, MERGE_MISTAKES, MERGE_ADVICE, _merge_inputs(seed), variants=_MERGE_VARIANTS,
         unknown_hint="Check: big = max(lse1, lse2) (0 where -inf); w_i = exp(lse_i - big); o = (w1 o1 + w2 o2) / (w1 + w2); "
                      "lse = big + log(w1 + w2).",
         pass_message="PASS: your merge equals helpers.flash.merge_attention_partials (output and log-sum-exp) on 5 inputs: "

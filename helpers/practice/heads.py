@@ -112,18 +112,39 @@ def _weight_gradients(model, inputs, targets):
     return total / n
 
 
+def _summed_over_positions(model, inputs, targets):
+    """A per-example gate and the batch loss with ``reduction="sum"``: example x weighs n_x L(x), not L(x)."""
+    model.eval()
+    xi = torch.ones(inputs.shape[0], model.num_layers, model.num_heads, requires_grad=True)
+    logits = model(inputs, head_mask=xi)
+    loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum")
+    (g,) = torch.autograd.grad(loss, xi)
+    has = (targets != -100).any(dim=1)
+    return g.abs()[has].mean(0)
+
+
+def _over_all_rows(mistake: Callable) -> Callable:
+    """``mistake``'s mean over the scored rows turned into a mean over every row (mean_over_all_rows as well)."""
+    def both(model, inputs, targets):
+        n_scored = int((targets != -100).any(dim=1).sum())
+        return mistake(model, inputs, targets) * n_scored / len(inputs)
+
+    return both
+
+
 HEAD_IMPORTANCE_MISTAKES: dict[str, Callable] = {
     "sign_kept": _sign_kept,
     "averaged_before_abs": _averaged_before_abs,
     "weight_gradients_not_gate": _weight_gradients,
     "mean_over_all_rows": _divided_by_all_rows,
+    "summed_over_positions": _summed_over_positions,
 }
 
 HEAD_IMPORTANCE_ADVICE: dict[str, str] = {
     "mean_over_all_rows": (
-        "Mean over every row (mean_over_all_rows): you skip the rows without a scored target in the sum but "
-        "still divide by the batch size. Importance is the mean over the examples that have a scored target: "
-        "count only those."
+        "Mean over every row (mean_over_all_rows): you divide by the batch size, so rows without a scored "
+        "target count in the mean (they add nothing to the sum, whether you skip them or not). Importance is "
+        "the mean over the examples that have a scored target: divide by their number."
     ),
     "sign_kept": (
         "Sign kept (sign_kept): you average dL(x)/d xi_h without the absolute value, so a head whose "
@@ -133,7 +154,8 @@ HEAD_IMPORTANCE_ADVICE: dict[str, str] = {
     "averaged_before_abs": (
         "Averaged before the absolute value (averaged_before_abs): |mean_x dL(x)/d xi_h| (one backward pass "
         "on the batch loss) lets opposite signs cancel across examples. Take |.| per example, then average: "
-        "one backward pass per example, or a per-example gate of shape (batch, num_layers, num_heads)."
+        "one backward pass per example, or one per batch with a per-example gate of shape "
+        "(batch, num_layers, num_heads) and the loss = the sum over examples of each example's mean L(x)."
     ),
     "weight_gradients_not_gate": (
         "Gradients of the weights instead of the gate (weight_gradients_not_gate): |dL/dW^O| over the head's "
@@ -141,10 +163,25 @@ HEAD_IMPORTANCE_ADVICE: dict[str, str] = {
         "gate xi = torch.ones(num_layers, num_heads, requires_grad=True) as head_mask and differentiate with "
         "respect to it (dL/d xi_h = <W^O_h, dL/dW^O_h>, one number per head, signed)."
     ),
+    "summed_over_positions": (
+        "Summed over positions (summed_over_positions): with reduction=\"sum\" example x contributes the sum of "
+        "its cross-entropies, n_x L(x), so its |dL/d xi| is weighted by its number of scored positions n_x. "
+        "With a per-example gate (batch, num_layers, num_heads), differentiate the sum over examples of each "
+        "example's mean L(x): reduction=\"none\", then each row's sum divided by its number of scored targets."
+    ),
 }
 
-#: The same mistake with the batch loss taken as the mean of the per-example losses.
-_HEAD_IMPORTANCE_VARIANTS = [("averaged_before_abs", _averaged_over_examples_before_abs)]
+#: Two mistakes at once: each mistake that averages over the scored rows, averaged over every row instead.
+_COMBINED = {"sign_kept": _sign_kept, "averaged_before_abs": _averaged_over_examples_before_abs,
+             "summed_over_positions": _summed_over_positions, "weight_gradients_not_gate": _weight_gradients}
+HEAD_IMPORTANCE_ADVICE.update({
+    f"{name}+mean_over_all_rows": (f"Two mistakes at once ({name}+mean_over_all_rows). 1. {HEAD_IMPORTANCE_ADVICE[name]} "
+                                   f"2. {HEAD_IMPORTANCE_ADVICE['mean_over_all_rows']}")
+    for name in _COMBINED})
+
+#: The same mistake with the batch loss taken as the mean of the per-example losses, then the pairs of mistakes.
+_HEAD_IMPORTANCE_VARIANTS = [("averaged_before_abs", _averaged_over_examples_before_abs)] + [
+    (f"{name}+mean_over_all_rows", _over_all_rows(f)) for name, f in _COMBINED.items()]
 
 #: The models of the test inputs: (vocab, d_model, heads, layers, seed).
 _MODELS = {"2x2": (11, 16, 2, 2, 0), "1x3": (9, 12, 3, 1, 1), "2x4": (13, 16, 4, 2, 2)}
@@ -211,7 +248,8 @@ def check_head_importance(fn: Callable, seed: int = 0) -> CheckResult:
         variants=_HEAD_IMPORTANCE_VARIANTS, atol=1e-7, rtol=1e-4,  # importances are ~1e-3 to 1e-1: compare relatively
         unknown_hint="Check: gate xi = ones(num_layers, num_heads, requires_grad=True) as head_mask; per example L(x) = mean "
                      "cross-entropy over its scored positions; |dL(x)/d xi| per example; mean over the examples "
-                     "with a scored target.",
+                     "with a scored target. With a per-example gate (batch, num_layers, num_heads) and one backward "
+                     "pass, the loss = the sum over examples of each example's mean L(x).",
         pass_message="PASS: your importance equals helpers.heads.head_importance on 3 models and batches "
                      "(1 to 2 layers, 2 to 4 heads, a batch of 1, a row with no scored target).",
     )

@@ -5,7 +5,7 @@ r"""Diagnosing checkers for the positional-encoding exercises of notebook 06 ("w
   :math:`PE_{(p, 2i)} = \sin(p/10000^{2i/d})`, :math:`PE_{(p, 2i+1)} = \cos(p/10000^{2i/d})`.
 * :func:`check_alibi_slopes` -- the learner's ``slopes(num_heads)`` against
   :func:`helpers.model.alibi_slopes` (Press, Smith & Lewis, ICLR 2022, sec. 3, and the
-  authors' ``get_slopes``): :math:`m_k = 2^{-8k/n}`, :math:`k = 1..n`, for a power of two
+  authors' ``get_slopes``): :math:`s_h = 2^{-8h/n}`, :math:`h = 1..n`, for a power of two
   :math:`n`; otherwise the slopes of the largest power of two :math:`p < n`, then every second
   slope of :math:`2p` heads.
 
@@ -206,8 +206,8 @@ ALIBI_SLOPES_ADVICE: dict[str, str] = {
         "you took the first n - p of them."
     ),
     "k_starts_at_0": (
-        "Exponents start at 0 (k_starts_at_0): the first slope is 2^(-8/n), not 2^0 = 1: m_k = 2^(-8k/n) for "
-        "k = 1 .. n, so the last of a power-of-two count is 2^-8."
+        "Exponents start at 0 (k_starts_at_0): the first slope is 2^(-8/n), not 2^0 = 1: s_h = 2^(-8h/n) for "
+        "h = 1 .. n, so the last of a power-of-two count is 2^-8."
     ),
 }
 
@@ -222,7 +222,7 @@ def _alibi_call(f: Callable) -> Callable:
 def check_alibi_slopes(fn: Callable) -> CheckResult:
     r"""Check the learner's ALiBi ``slopes(num_heads)`` against :func:`helpers.model.alibi_slopes`.
 
-    ``fn(num_heads)`` returns the ``num_heads`` slopes :math:`m_h` (a list of numbers or a
+    ``fn(num_heads)`` returns the ``num_heads`` slopes :math:`s_h` (a list of numbers or a
     tensor). Compared at 8, 2 (powers of two), 6, 12 and 5 heads. Planted mistakes:
     :data:`ALIBI_SLOPES_MISTAKES`.
 
@@ -232,7 +232,7 @@ def check_alibi_slopes(fn: Callable) -> CheckResult:
     inputs = [TestInput(f"at num_heads={n}", (n,), f"slopes({n})") for n in (8, 2, 6, 12, 5)]
     return run_check(
         fn, _alibi_call, alibi_slopes, ALIBI_SLOPES_MISTAKES, ALIBI_SLOPES_ADVICE, inputs,
-        unknown_hint="Check the power-of-two case first (8 and 2 heads): m_k = 2**(-8k/n) for k = 1 .. n. Then the "
+        unknown_hint="Check the power-of-two case first (8 and 2 heads): s_h = 2**(-8h/n) for h = 1 .. n. Then the "
                      "other counts (6, 12, 5): they reuse the slopes of the largest power of two below n and some "
                      "of twice that count (the exercise's hint says which).",
         pass_message="PASS: your slopes equal helpers.model.alibi_slopes for 8, 2, 6, 12 and 5 heads.",

@@ -17,8 +17,10 @@ r"""Diagnosing checkers for the regularization exercises of notebook 04 ("write 
 
 Worked solutions: :func:`dropout_solution`, :data:`LABEL_SMOOTHING_SOLUTIONS` (one per
 convention). Planted mistakes: :data:`DROPOUT_MISTAKES`, :data:`LABEL_SMOOTHING_MISTAKES`
-(``{convention: {name: function}}``); advice in :data:`DROPOUT_ADVICE`,
-:data:`LABEL_SMOOTHING_ADVICE`.
+(``{convention: {name: function}}``; ``"others"`` has one more, ``eps_over_V_in_others``);
+advice in :data:`DROPOUT_ADVICE`, :data:`LABEL_SMOOTHING_ADVICE`. A learner's ``F.one_hot``
+(or index by class) applied before the ignored rows are filtered raises inside torch; the
+label-smoothing checker recognises that error and names it ``indexed_before_filtering``.
 
 Papers: Srivastava et al., "Dropout" (JMLR 2014); Szegedy et al., "Rethinking the Inception
 Architecture" (2016), sec. 7.
@@ -31,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from ..regularization import CONVENTIONS, dropout, label_smoothing_cross_entropy
-from .engine import CheckResult, TestInput, as_tensor_result, clone_args, run_check
+from .engine import CheckResult, Reject, TestInput, as_tensor_result, clone_args, run_check
 
 __all__ = [
     "check_dropout", "dropout_solution", "DROPOUT_MISTAKES", "DROPOUT_ADVICE",
@@ -89,6 +91,16 @@ def _dropout_at_eval(x, p, training=True, generator=None):
     return x * keep / (1 - p)
 
 
+def _eval_scaled_by_keep_prob(x, p, training=True, generator=None):
+    """Inverted dropout in training, but the classic evaluation rule (x times 1 - p) at evaluation."""
+    if not training:
+        return x * (1 - p)
+    if p == 0:
+        return x
+    keep = torch.rand(x.shape, generator=generator) >= p
+    return x * keep / (1 - p)
+
+
 def _other_mask_rule(x, p, training=True, generator=None):
     if not training or p == 0:
         return x
@@ -102,6 +114,7 @@ DROPOUT_MISTAKES: dict[str, Callable] = {
     "classic_dropout": _classic_dropout,
     "keep_prob_as_drop_prob": _keep_prob_as_drop_prob,
     "dropout_at_eval": _dropout_at_eval,
+    "eval_scaled_by_keep_prob": _eval_scaled_by_keep_prob,
     "other_mask_rule": _other_mask_rule,
 }
 
@@ -128,6 +141,11 @@ DROPOUT_ADVICE: dict[str, str] = {
     "dropout_at_eval": (
         "Dropout at evaluation (dropout_at_eval): with training=False the function must return x "
         "unchanged; yours still drops. Return x when not training (model.eval() sets training=False)."
+    ),
+    "eval_scaled_by_keep_prob": (
+        "Evaluation scaled by 1 - p (eval_scaled_by_keep_prob): your training branch is inverted dropout, "
+        "but at evaluation you return (1 - p) x, the rule of original dropout, whose training branch does not "
+        "rescale. The 1/(1 - p) in training already keeps the expectation at x, so evaluation returns x unchanged."
     ),
     "other_mask_rule": (
         "Another mask rule (other_mask_rule): your mask keeps the right share of elements but not the ones the "
@@ -282,6 +300,11 @@ def _not_summing_to_one(convention: str) -> Callable:
     return loss
 
 
+def _others_eps_over_v(logits, target, eps, ignore_index=-100):
+    """"others" with the uniform convention's share: true class 1 - eps, every other class eps/V (not eps/(V-1))."""
+    return _smoothed(logits, target, eps, ignore_index, eps / logits.shape[-1], 1 - eps)
+
+
 LABEL_SMOOTHING_MISTAKES: dict[str, dict[str, Callable]] = {
     conv: {
         "wrong_convention": LABEL_SMOOTHING_SOLUTIONS["others" if conv == "uniform" else "uniform"],
@@ -291,6 +314,7 @@ LABEL_SMOOTHING_MISTAKES: dict[str, dict[str, Callable]] = {
     }
     for conv in CONVENTIONS
 }
+LABEL_SMOOTHING_MISTAKES["others"]["eps_over_V_in_others"] = _others_eps_over_v
 
 LABEL_SMOOTHING_ADVICE: dict[str, str] = {
     "wrong_convention": (
@@ -314,13 +338,40 @@ LABEL_SMOOTHING_ADVICE: dict[str, str] = {
         "should be added, or added where it should be set. \"uniform\": q = eps/V everywhere, then ADD 1 - eps "
         "to the true class; \"others\": q = eps/(V-1) everywhere, then SET the true class to 1 - eps."
     ),
+    "eps_over_V_in_others": (
+        "eps/V in the notes' convention (eps_over_V_in_others): the true class gets 1 - eps, so the other V - 1 "
+        "classes share the remaining eps: eps/(V-1) each. With eps/V each, the targets sum to 1 - eps/V."
+    ),
 }
+
+#: A learner's exception recognised by :func:`check_label_smoothing`: the ignored rows' target reached a
+#: function of the class index (``F.one_hot``, indexing, ``gather``) before they were filtered out.
+INDEXED_BEFORE_FILTERING = "indexed_before_filtering"
+
+
+def _indexed_ignored_rows(e: Exception, target: torch.Tensor, ignore_index: int) -> bool:
+    """Whether ``e`` is what torch raises when a row whose target is ``ignore_index`` reaches ``F.one_hot``
+    ("Class values must be non-negative.") or an index by class ("index -100 is out of bounds ...")."""
+    if not isinstance(e, (RuntimeError, IndexError)) or not bool((target == ignore_index).any()):
+        return False
+    text = str(e)
+    return "Class values must be non-negative" in text or f"index {ignore_index} is out of bounds" in text
 
 
 def _ls_call(f: Callable) -> Callable:
     def run(logits, target, eps, ignore_index):
         logits, target = clone_args([logits, target])
-        out = f(logits, target, eps) if ignore_index == -100 else f(logits, target, eps, ignore_index=ignore_index)
+        try:
+            out = f(logits, target, eps) if ignore_index == -100 else f(logits, target, eps, ignore_index=ignore_index)
+        except (RuntimeError, IndexError) as e:
+            if not _indexed_ignored_rows(e, target, ignore_index):
+                raise
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise Reject(INDEXED_BEFORE_FILTERING,
+                         f"your function raised {type(e).__name__} ({first}): the rows whose target is "
+                         f"ignore_index ({ignore_index}) reached F.one_hot or an index by class "
+                         f"({INDEXED_BEFORE_FILTERING}). Filter rows with target == ignore_index before one_hot: "
+                         "keep = target != ignore_index, then use logits[keep] and target[keep].") from e
         return as_tensor_result(out, "the mean loss, a 0-dimensional tensor")
 
     return run
@@ -354,7 +405,10 @@ def check_label_smoothing(fn: Callable, convention: str = "uniform", seed: int =
     the mean over the scored rows of :math:`-\sum_k q_k \log\operatorname{softmax}(z)_k` with
     ``q`` smoothed in ``convention`` (module docstring). Inputs: ``(6, 5)`` with 2 ignored rows,
     ``(1, 4)`` with none, ``(7, 3)`` with ``ignore_index=-1``, ``(5, 2)``. Planted mistakes:
-    ``LABEL_SMOOTHING_MISTAKES[convention]``.
+    ``LABEL_SMOOTHING_MISTAKES[convention]``. One exception is recognised by its text: torch's
+    "Class values must be non-negative" (``F.one_hot``) or "index -100 is out of bounds" raised
+    on an input with ignored rows is diagnosed ``"indexed_before_filtering"`` (filter those rows
+    before ``one_hot``).
 
     Returns:
         :class:`~helpers.practice.engine.CheckResult`; ``print`` it. Never raises on the learner's errors.

@@ -260,9 +260,9 @@ def attention_explorer(
             f"over {s['allowed']} visible keys"
         )
 
-    # legends last, so that they stay on top of the moving bars
-    animated = [img, outline, *bars.patches, query_mark, title_m, title_b, suptitle, leg]
-    return Explorer(controls, compute, draw, fig, summary, animated=animated)
+    animated = [img, outline, *bars.patches, query_mark, title_m, title_b, suptitle]
+    # the legend never changes: drawn once and pasted over the moving bars
+    return Explorer(controls, compute, draw, fig, summary, animated=animated, overlays=[leg])
 
 
 def attention_grid(

@@ -8,9 +8,40 @@ The numerical modules (``rope``, ...) never plot. An explorer is built from
 
 :class:`Explorer` wires the two to ipywidgets sliders. Its figure is created once (a
 ``matplotlib.figure.Figure``, not pyplot, so nothing is displayed twice) and every slider
-move re-renders it to PNG into an ``ipywidgets.Image``: no figure is re-created, so a
-redraw takes tens of milliseconds. ``explorer.last_ms`` holds the time of the last update
-(compute + draw + render), and ``explorer.state`` the last computed dict.
+move re-renders it to PNG into an ``ipywidgets.Image``: no figure is re-created.
+
+What one slider move costs
+--------------------------
+:meth:`Explorer.update` runs five stages and records their milliseconds in
+``explorer.stage_ms`` (one dict per update; ``explorer.last_ms`` and ``explorer.times_ms`` hold
+the totals): **compute** (the pure function), **draw** (artists moved), **render** (Agg),
+**encode** (PNG) and **send** (the new PNG and summary handed to the widgets, which send them to
+the browser over the kernel's comm). ``python benchmarks/explorer_latency.py`` prints them for
+every explorer of the notebooks, and the browser test (``tests/browser/test_lab_sliders.py``)
+the time from a key press to the new figure in the page. What keeps them short (issue 34;
+measured in CONTRIBUTING.md, "Explorer latency"):
+
+* **Blitting.** An explorer that names the artists its ``draw`` moves (``animated=``) renders
+  the rest of the figure once and keeps it as a background; an update restores it and draws only
+  those artists. The background is keyed by every axes' limits: a move that changes them (a
+  longer sequence, a wider range) renders a new one, and the last few are kept for moves back.
+* **Text drawn once.** Text was most of the render time (matplotlib 3.11 rasterises every glyph
+  of every label on every draw). The explorer's canvas (:class:`_TextCachingRenderer`) keeps
+  the bitmap of each string it drew, placed on whole pixels as matplotlib did up to 3.9, so a
+  title or a tick label is rasterised once per distinct string; the font's height metrics,
+  which matplotlib re-reads from the font's tables for every string it lays out, once per font.
+* **Overlays.** Legends that never change (``overlays=``) are drawn once over each background
+  and their pixels pasted back over the moving artists.
+* **A cheap PNG.** Pillow's PNG encoder filters every row adaptively, which took about ten
+  times as long as compressing; :func:`_png` writes the rows unfiltered and deflates them at
+  level 1 (lossless, about the same size for these mostly white figures).
+* **Coalescing.** While a slider is dragged the browser sends values faster than frames can be
+  made. A change from the browser is drawn at once when the last frame ended more than
+  ``coalesce_ms`` ago; otherwise only the latest values are drawn, once, when that time has
+  passed (a timer on the kernel's event loop). No queue of stale frames forms, and the frame
+  after the last move shows its value. Changes made from code (``explorer.set(...)``,
+  ``slider.value = ...`` in a cell) and every change where no event loop runs (tests, scripts)
+  are drawn at once, so the new state can be read on the next line.
 
 Readable where no kernel runs
 -----------------------------
@@ -60,14 +91,22 @@ cell that does not render as an ``<img>``.
 """
 from __future__ import annotations
 
+import asyncio
 import base64
-import io
+import html
+import json
+import math
+import struct
 import time
+import zlib
+from collections import OrderedDict
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
-import PIL.Image
+from matplotlib.backends.backend_agg import FigureCanvasAgg, RendererAgg, get_hinting_flag
 from matplotlib.figure import Figure
+from matplotlib.font_manager import fontManager, get_font
+from matplotlib.transforms import Bbox
 
 __all__ = ["Explorer", "FIGSIZE"]
 
@@ -90,9 +129,19 @@ class Explorer:
         animated: optional list of the artists that ``draw`` changes. When given, the rest of
             the figure (axes, ticks, labels: most of the rendering time) is rendered once and
             kept as a background; each update only restores it and draws these artists
-            ("blitting"). ``draw`` must then leave everything else, axis limits included,
-            unchanged.
+            ("blitting"), in this order. ``draw`` may change axis limits (the background is
+            re-rendered for new limits), but nothing else outside these artists.
+        overlays: optional list of artists that ``draw`` never changes but that must stay on
+            top of the animated ones (legends). They are drawn once over each background and
+            their pixels pasted back after the animated artists, so whatever moves beneath their
+            bounding box is hidden there (a legend's frame, drawn at ``framealpha`` 0.8-0.9, let
+            10-20% of it through). Only with ``animated``.
+        coalesce_ms: while a slider is dragged, at most one frame starts within this many
+            milliseconds of the end of the previous one (module docstring, "Coalescing").
     """
+
+    #: backgrounds kept per explorer (one per set of axis limits recently shown)
+    BACKGROUNDS = 8
 
     def __init__(
         self,
@@ -103,6 +152,8 @@ class Explorer:
         summary: Callable[[dict], str],
         dpi: int = 80,
         animated: Optional[Sequence[Any]] = None,
+        overlays: Optional[Sequence[Any]] = None,
+        coalesce_ms: float = 50.0,
     ) -> None:
         import ipywidgets as widgets
 
@@ -113,27 +164,32 @@ class Explorer:
         self.summary = summary
         self.dpi = dpi
         self.animated = list(animated) if animated else []
-        self._background = None
-        if self.animated:
-            from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-            FigureCanvasAgg(figure)
-            figure.set_dpi(dpi)
-            for artist in self.animated:
-                artist.set_animated(True)
+        self.overlays = list(overlays) if overlays else []
+        if self.overlays and not self.animated:
+            raise ValueError("overlays are pasted over the animated artists: pass animated too")
+        self._backgrounds: OrderedDict = OrderedDict()  # axis limits -> (background, overlay patches)
+        _ExplorerCanvas(figure)
+        figure.set_dpi(dpi)
+        for artist in self.animated + self.overlays:
+            artist.set_animated(True)  # left out of the background
         self.image = widgets.Image(format="png")
         self.image.add_class("explorer-figure")
         self.label = widgets.HTML()
         self.label.add_class("explorer-summary")
+        # hidden: the kernel's milliseconds and the control values of the last update (the browser test reads it)
+        self.timing = widgets.HTML(layout=widgets.Layout(display="none"))
+        self.timing.add_class("explorer-timing")
         self.state: dict = {}
         self.last_ms = float("nan")
         self.times_ms: list[float] = []
+        self.stage_ms: list[dict[str, float]] = []
+        self._coalescer = Coalescer(self.update, coalesce_ms / 1e3)
         for w in self.controls.values():
             w.observe(self._on_change, names="value")
         self.widget = widgets.VBox(
             [widgets.HBox(list(self.controls.values())[:3])]
             + ([widgets.HBox(list(self.controls.values())[3:])] if len(self.controls) > 3 else [])
-            + [self.label, self.image]
+            + [self.label, self.image, self.timing]
         )
         self.widget.add_class("explorer")  # the browser tests find explorers by this class
         self.update()
@@ -143,34 +199,71 @@ class Explorer:
         return {k: w.value for k, w in self.controls.items()}
 
     def _on_change(self, change) -> None:
-        self.update()
+        # ipywidgets locks the properties a message from the browser sets while their observers run
+        # (Widget.set_state); a change made by code in the kernel has no lock and is drawn at once.
+        if "value" in getattr(change.get("owner"), "_property_lock", {}):
+            self._coalescer.request()
+        else:
+            self.update()
 
     def update(self) -> dict:
-        """Recompute, redraw, re-render; return the new state."""
+        """Recompute, redraw, re-render, send; return the new state (stages in ``stage_ms``)."""
+        self._coalescer.cancel()  # a frame drawn now makes a pending one redundant
         t0 = time.perf_counter()
         self.state = self.compute(**self.values)
+        t1 = time.perf_counter()
         self.draw(self.state)
-        self.image.value = self._render()
+        t2 = time.perf_counter()
+        rgba = self._render()
+        t3 = time.perf_counter()
+        png = _png(rgba)
+        t4 = time.perf_counter()
+        self.image.value = png
         self.label.value = self.summary(self.state)
-        self.last_ms = (time.perf_counter() - t0) * 1e3
+        t5 = time.perf_counter()
+        self.last_ms = (t5 - t0) * 1e3
         self.times_ms.append(self.last_ms)
+        self.stage_ms.append({"compute": (t1 - t0) * 1e3, "draw": (t2 - t1) * 1e3, "render": (t3 - t2) * 1e3,
+                              "encode": (t4 - t3) * 1e3, "send": (t5 - t4) * 1e3, "total": self.last_ms})
+        values = html.escape(json.dumps(list(self.values.values()), default=str))
+        self.timing.value = f'<span data-kernel-ms="{self.last_ms:.1f}" data-values="{values}"></span>'
         return self.state
 
-    def _render(self) -> bytes:
-        buf = io.BytesIO()
-        if not self.animated:
-            self.figure.savefig(buf, format="png", dpi=self.dpi)
-            return buf.getvalue()
+    def _limits(self) -> tuple:
+        return tuple((tuple(ax.get_xlim()), tuple(ax.get_ylim())) for ax in self.figure.axes)
+
+    def _render(self) -> np.ndarray:
+        """Render the figure with Agg and return its ``(height, width, 4)`` RGBA pixels (a view)."""
         canvas = self.figure.canvas
-        if self._background is None:
-            canvas.draw()  # everything but the animated artists
-            self._background = canvas.copy_from_bbox(self.figure.bbox)
-        canvas.restore_region(self._background)
+        if not self.animated:
+            canvas.draw()
+            return np.asarray(canvas.buffer_rgba())
+        key = self._limits()
+        entry = self._backgrounds.get(key)
+        if entry is None:
+            canvas.draw()  # everything but the animated artists and the overlays
+            background = canvas.copy_from_bbox(self.figure.bbox)
+            patches = []
+            if self.overlays:
+                renderer = canvas.get_renderer()
+                for artist in self.overlays:
+                    self.figure.draw_artist(artist)
+                for artist in self.overlays:
+                    box = Bbox.intersection(artist.get_window_extent(renderer).padded(2), self.figure.bbox)
+                    if box is not None:
+                        patches.append(canvas.copy_from_bbox(box))
+                canvas.restore_region(background)
+            entry = self._backgrounds[key] = (background, patches)
+            while len(self._backgrounds) > self.BACKGROUNDS:
+                self._backgrounds.popitem(last=False)
+        else:
+            self._backgrounds.move_to_end(key)
+            canvas.restore_region(entry[0])
         for artist in self.animated:
             self.figure.draw_artist(artist)
-        rgba = np.asarray(canvas.buffer_rgba())
-        PIL.Image.fromarray(rgba[..., :3]).save(buf, format="png", compress_level=1)
-        return buf.getvalue()
+        for patch in entry[1]:
+            canvas.restore_region(patch)
+        return np.asarray(canvas.buffer_rgba())
 
     def set(self, **values) -> dict:
         """Move sliders programmatically (as a learner would) and return the new state."""
@@ -217,7 +310,7 @@ class Explorer:
         """
         data = dict(self.widget._repr_mimebundle_())
         if not self.image.value:  # cannot happen after __init__ (update() renders); be explicit
-            self.image.value = self._render()
+            self.image.value = _png(self._render())
         data["image/png"] = base64.b64encode(bytes(self.image.value)).decode("ascii")
         data["text/plain"] = self.text()
         return data
@@ -246,3 +339,181 @@ def _readout(widget: Any) -> str:
     return one(value)
 
 
+
+
+def _running_loop_call_later() -> Optional[Callable[..., Any]]:
+    """``call_later`` of the asyncio event loop running in this thread (the kernel's), else None."""
+    try:
+        return asyncio.get_running_loop().call_later
+    except RuntimeError:
+        return None
+
+
+class Coalescer:
+    """Runs ``fn`` for a burst of requests with a trailing edge: never two runs closer than ``interval_s``.
+
+    :meth:`request` runs ``fn`` at once when the last run ended at least ``interval_s`` ago (or when no
+    event loop runs: then every request runs at once, synchronously). Otherwise it schedules one run for
+    ``interval_s`` after the end of the last run; the requests that arrive meanwhile add nothing (``fn``
+    reads the latest values when it runs). So a drag that sends a hundred values draws a frame about
+    every ``interval_s`` plus one frame's time, and its last value is always drawn.
+
+    Args:
+        fn: what to run (``Explorer.update``).
+        interval_s: the shortest gap between the end of one run and the start of the next.
+        clock: seconds, monotonic (a fake one in tests).
+        call_later: ``() -> call_later(delay_s, callback)`` or ``None`` when no loop runs; default: the
+            running asyncio loop's (in a Jupyter kernel, the kernel's own loop).
+    """
+
+    def __init__(self, fn: Callable[[], Any], interval_s: float, clock: Callable[[], float] = time.monotonic,
+                 call_later: Callable[[], Optional[Callable[..., Any]]] = _running_loop_call_later) -> None:
+        if not (isinstance(interval_s, (int, float)) and interval_s >= 0):
+            raise ValueError(f"interval_s must be a number >= 0, got {interval_s!r}")
+        self.fn, self.interval_s, self.clock, self._call_later = fn, float(interval_s), clock, call_later
+        self._last_end = -math.inf
+        self._timer = None
+        self.runs = 0        # runs made (at once or on the timer)
+        self.coalesced = 0   # requests that added nothing to a pending run
+
+    @property
+    def pending(self) -> bool:
+        return self._timer is not None
+
+    def request(self) -> None:
+        if self._timer is not None:
+            self.coalesced += 1
+            return
+        wait = self._last_end + self.interval_s - self.clock()
+        call_later = self._call_later() if wait > 0 else None
+        if call_later is None:
+            self._run()
+        else:
+            self._timer = call_later(wait, self._fire)
+
+    def cancel(self) -> None:
+        """Drop a pending run (a run made now makes it redundant)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _fire(self) -> None:
+        self._timer = None
+        self._run()
+
+    def _run(self) -> None:
+        try:
+            self.fn()
+        finally:
+            self.runs += 1
+            self._last_end = self.clock()
+
+
+def _png_chunk(tag: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
+
+
+def _png(rgba: np.ndarray, level: int = 1) -> bytes:
+    """A PNG (8-bit RGB, lossless) of ``(height, width, 3 or 4)`` uint8 pixels; alpha is dropped.
+
+    Every row is stored with PNG filter 0 (none) and the whole deflated at ``level``: Pillow's
+    encoder tries the five filters on every row, which took about ten times longer than the
+    compression itself on these figures and saved almost nothing on their white space.
+    """
+    rgba = np.asarray(rgba)
+    if rgba.dtype != np.uint8 or rgba.ndim != 3 or rgba.shape[2] not in (3, 4):
+        raise ValueError(f"rgba must be a (height, width, 3 or 4) uint8 array, got {rgba.dtype} {rgba.shape}")
+    h, w = rgba.shape[:2]
+    raw = np.empty((h, 1 + 3 * w), np.uint8)
+    raw[:, 0] = 0  # filter type: none
+    raw[:, 1:].reshape(h, w, 3)[...] = rgba[..., :3]
+    return (b"\x89PNG\r\n\x1a\n"
+            + _png_chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))  # 8 bits, RGB, no interlace
+            + _png_chunk(b"IDAT", zlib.compress(raw, level))
+            + _png_chunk(b"IEND", b""))
+
+
+class _TextCachingRenderer(RendererAgg):
+    """Agg, with the bitmap of each plain-text string kept once rasterised.
+
+    matplotlib 3.11 lays out and rasterises every glyph of every string on every draw, with the
+    glyphs at sub-pixel positions; that was most of an explorer's render time. Here a string is
+    rasterised whole, once (``FT2Font.set_text`` + ``draw_glyphs_to_bitmap``, then rotated by
+    ``draw_text_image``: matplotlib's own ``draw_text`` up to version 3.9), and its bitmap is drawn
+    at the nearest whole pixel on later draws. Mathtext and TeX keep matplotlib's own path. If the
+    font API differs (another matplotlib), the first failure switches back to it for good.
+    """
+
+    MAX_STRINGS = 2048
+
+    def __init__(self, width, height, dpi):
+        super().__init__(width, height, dpi)
+        self._strings: dict = {}
+        self._heights: dict = {}
+        self._cache_text = True
+
+    def _get_font_height_metrics(self, prop):
+        """(ascent, descent, line gap) in pixels of ``prop``'s font, from its OS/2 or hhea table, once per font.
+
+        matplotlib 3.11's ``Text._get_layout`` asks a renderer for these through this method when it has one
+        (the PDF/PS renderers do) and otherwise reads the font's tables again for every string it lays out;
+        this is the same computation, cached. ``(None, None, None)`` lets matplotlib compute them itself.
+        """
+        key = prop.copy()
+        hit = self._heights.get(key)
+        if hit is None:
+            hit = (None, None, None)
+            try:
+                font = get_font(fontManager._find_fonts_by_props(prop))
+                for table_name, gap, ascent, descent in (("OS/2", "sTypoLineGap", "sTypoAscender", "sTypoDescender"),
+                                                         ("hhea", "lineGap", "ascent", "descent")):
+                    table = font.get_sfnt_table(table_name)
+                    if table is None:
+                        continue
+                    scale = prop.get_size_in_points() * self.dpi / 72 / font.get_sfnt_table("head")["unitsPerEm"]
+                    hit = (table[ascent] * scale, -table[descent] * scale, table[gap] * scale)
+                    break
+            except (AttributeError, KeyError, TypeError, ValueError):
+                pass
+            self._heights[key] = hit
+        return hit
+
+    def draw_text(self, gc, x, y, s, prop, angle, ismath=False, mtext=None):
+        if ismath or not self._cache_text:
+            return super().draw_text(gc, x, y, s, prop, angle, ismath=ismath, mtext=mtext)
+        try:
+            features = mtext.get_fontfeatures() if mtext is not None else None
+            language = mtext.get_language() if mtext is not None else None
+            antialiased = bool(gc.get_antialiased())
+            key = (s, prop.copy(), self.dpi, antialiased, tuple(features) if features else None, language)
+            entry = self._strings.get(key)
+            if entry is None:
+                font = self._prepare_font(prop)
+                font.set_text(s, 0, flags=get_hinting_flag(), features=features, language=language)
+                font.draw_glyphs_to_bitmap(antialiased=antialiased)
+                xo, yo = font.get_bitmap_offset()
+                entry = (np.array(font.get_image(), dtype=np.uint8, copy=True), xo / 64.0, yo / 64.0,
+                         font.get_descent() / 64.0)
+                if len(self._strings) >= self.MAX_STRINGS:
+                    self._strings.clear()
+                self._strings[key] = entry
+        except (AttributeError, TypeError, ValueError):
+            self._cache_text = False
+            return super().draw_text(gc, x, y, s, prop, angle, ismath=ismath, mtext=mtext)
+        image, xo, yo, descent = entry
+        # the descent rotates with the text (matplotlib 3.9's draw_text)
+        x = round(x + xo + descent * math.sin(math.radians(angle)))
+        y = round(y + yo + descent * math.cos(math.radians(angle)))
+        self._renderer.draw_text_image(image, x, y + 1, angle, gc)
+
+
+class _ExplorerCanvas(FigureCanvasAgg):
+    """The Agg canvas of an explorer's figure: its renderer is a :class:`_TextCachingRenderer`."""
+
+    def get_renderer(self):
+        w, h = self.get_width_height(physical=True)
+        key = w, h, self.figure.dpi
+        if self._lastKey != key:
+            self.renderer = _TextCachingRenderer(w, h, self.figure.dpi)
+            self._lastKey = key
+        return self.renderer

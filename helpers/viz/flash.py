@@ -103,4 +103,5 @@ def tile_schedule_explorer(seq_len: int = 1024, block_q: int = 128, block_k: int
         ax.set_ylim(L, 0)
         title.set_text(f"causal tiles: {s['computed']} of {s['total']} computed")
 
-    return Explorer(controls, lambda **v: tile_schedule_state(**v), draw, fig, _summary)
+    # the axis limits follow seq_len: the explorer renders a background per length (and keeps the last few)
+    return Explorer(controls, lambda **v: tile_schedule_state(**v), draw, fig, _summary, animated=[im, title])

@@ -143,8 +143,8 @@ def prune_explorer(curves: Mapping[str, PruningCurve], order: Optional[str] = No
         return (f"order <b>{s['order']}</b>, {s['n_pruned']} heads pruned ({100 * s['fraction']:.0f}%): "
                 f"accuracy {s['accuracy']:.3f} ({s['drop']:+.1f} points lost); pruned (layer.head): {gone}")
 
-    animated = [img] + [t for row in texts for t in row] + [sel_line, pt, suptitle, leg]
-    return Explorer(controls, compute, draw, fig, summary, animated=animated)
+    animated = [img] + [t for row in texts for t in row] + [sel_line, pt, suptitle]
+    return Explorer(controls, compute, draw, fig, summary, animated=animated, overlays=[leg])
 
 
 def head_explorer_state(maps: torch.Tensor, inputs: torch.Tensor, layer: int, head: int, example: int,

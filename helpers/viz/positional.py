@@ -134,5 +134,5 @@ def shift_length_explorer(grid: ShiftLengthGrid, scheme: str = "rope", offset: i
                 f"(seeds {s['acc_min']:.3f} to {s['acc_max']:.3f}); head {s['head']} puts {s['weight_at_k']:.2f} "
                 f"of its weight on the token {s['lookback']} back")
 
-    animated = [img, title_m, *lines, pt, title_c, suptitle, leg]
-    return Explorer(controls, compute, draw, fig, summary, animated=animated)
+    animated = [img, title_m, *lines, pt, title_c, suptitle]
+    return Explorer(controls, compute, draw, fig, summary, animated=animated, overlays=[leg])

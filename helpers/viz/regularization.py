@@ -102,8 +102,8 @@ def label_smoothing_explorer(eps: float = 0.1, num_classes: int = 5) -> Explorer
             f"(= uniform with &epsilon;' = {s['eps_uniform_equiv']:.4f}); loss floors {s['entropy_uniform']:.3f} / {s['entropy_others']:.3f} nats"
         )
 
-    animated = [*bars_u, *bars_o, title_t, curve_u, curve_o, dot_u, dot_o, title_g, suptitle, leg_t, leg_g]
-    return Explorer(controls, label_smoothing_state, draw, fig, summary, animated=animated)
+    animated = [*bars_u, *bars_o, title_t, curve_u, curve_o, dot_u, dot_o, title_g, suptitle]
+    return Explorer(controls, label_smoothing_state, draw, fig, summary, animated=animated, overlays=[leg_t, leg_g])
 
 
 def dropout_state(p: float, seed: int, shape: tuple[int, int] = (12, 32), n_samples: int = 4000) -> dict:
@@ -172,8 +172,9 @@ def dropout_explorer(p: float = 0.1, seed: int = 0) -> Explorer:
             f"mean {s['mean']:.3f} (theory 1), variance {s['var']:.3f} (theory {s['var_theory']:.3f})"
         )
 
-    animated = [im, title_m, dot_mean, dot_var, suptitle, leg]
-    return Explorer(controls, lambda p, seed: dropout_state(p, seed), draw, fig, summary, animated=animated)
+    animated = [im, title_m, dot_mean, dot_var, suptitle]
+    return Explorer(controls, lambda p, seed: dropout_state(p, seed), draw, fig, summary, animated=animated,
+                    overlays=[leg])
 
 
 #: The operations of one sub-layer's residual branch, in order, for each placement of the LayerNorm

@@ -265,6 +265,6 @@ def rope_explorer(head_dim: int = 64, max_distance: int = 256, m: int = 5, pair:
             f"wavelength = {s['wavelength']:.1f} positions"
         )
 
-    # legends last, so that they stay on top of the moving lines
-    animated = [arrow, arc, title_c, dots, sel, bound_line, ones_line, vline, suptitle, leg_a, leg_d]
-    return Explorer(controls, compute, draw, fig, summary, animated=animated)
+    animated = [arrow, arc, title_c, dots, sel, bound_line, ones_line, vline, suptitle]
+    # the legends never change: drawn once and pasted over the moving lines
+    return Explorer(controls, compute, draw, fig, summary, animated=animated, overlays=[leg_a, leg_d])

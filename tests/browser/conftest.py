@@ -32,7 +32,12 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
-import pristine  # noqa: E402  (tools/pristine.py, on the path from the root conftest)
+
+try:
+    import pristine  # noqa: E402  (tools/pristine.py, on the path from the root conftest)
+except ModuleNotFoundError:  # imported by a conftest of its own (tests/browser/test_screenshots.py runs one)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+    import pristine  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM_CANDIDATES = ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
@@ -41,6 +46,25 @@ SKIP_REASON = ("Chromium not found: install it with `apt install chromium` (Debi
 
 #: lines collected by the tests and printed in pytest's terminal summary
 REPORT: list[str] = []
+_CONFIG: list = []  # the session's config (pytest_configure), to tell a pytest-xdist worker from the controller
+
+
+def report(request, lines: list[str]) -> None:
+    """Add ``lines`` to the terminal summary. They travel with the test's report (``user_properties``), so that
+    they reach the controller from a pytest-xdist worker, where the README's command runs the tests."""
+    request.node.user_properties.append(("browser report", list(lines)))
+
+
+def pytest_configure(config):
+    _CONFIG[:] = [config]
+
+
+def pytest_runtest_logreport(report):
+    if report.when != "call" or (_CONFIG and hasattr(_CONFIG[0], "workerinput")):
+        return  # a worker: its controller prints them
+    for name, value in getattr(report, "user_properties", []):
+        if name == "browser report":
+            REPORT.extend(value)
 
 
 def _playwright_chromium() -> str | None:
