@@ -111,7 +111,6 @@ def test_wide_head_equals_multi_head_attention_at_equal_width(ex05):
     assert model(torch.zeros(2, 12, dtype=torch.long)).shape == (2, 12, 72)
 
 
-@pytest.mark.slow  # re-trains: the full check (.ci/run), not the README's command
 def test_new_keys_were_added_without_rerunning_the_old_ones(committed, ex05):
     assert committed["pruning_budget"]["seeds"] == committed["pruning"]["seeds"]
     for rec in committed["pruning_budget"]["runs"]:
