@@ -6,7 +6,7 @@ head_dim 64, float32, CPU, under ``torch.no_grad()``. For each implementation an
 
 * ``ms``: median wall time of ``--repeats`` calls after one warm-up call (the implementations
   alternate inside each repeat, so a change of machine load hits them alike);
-* ``counted MiB``: the peak of ``helpers.flash.peak_memory`` (the allocation counter: tensors
+* ``counted MiB``: the peak of ``helpers.lab.memory.peak_memory`` (the allocation counter: tensors
   created by torch operations; it does not see scratch space inside a fused kernel);
 * ``allocator MiB``: the peak of the CPU allocator's own events recorded by
   ``torch.profiler.profile(profile_memory=True)`` (sees everything the allocator hands out,
@@ -36,7 +36,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from helpers.flash import flash_attention_forward, materialized_attention, peak_memory  # noqa: E402
+from helpers.flash import flash_attention_forward, materialized_attention  # noqa: E402
+from helpers.lab.memory import peak_memory  # noqa: E402
 
 
 def allocator_peak(fn) -> int:

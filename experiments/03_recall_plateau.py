@@ -9,7 +9,7 @@ d_model 32 and RoPE (initialised with ``seed``), AdamW at lr 3e-3, batches of 64
 the layer-1 matching-value score of the best head and the accuracy at each of the 4 queries.
 
 Run from the repository root:  ``python experiments/03_recall_plateau.py``  (seeds 0-7 with
-:func:`helpers.sweep`, one worker process per core; the committed run took 17 s on two cores shared
+:func:`helpers.lab.sweep`, one worker process per core; the committed run took 17 s on two cores shared
 with other jobs: the JSON's ``seconds``). It writes ``experiments/results/03_recall_plateau.json``
 (seeds, settings, torch version, CPU kernel level, machine, seconds, one record per seed; a
 step-to-threshold never reached is stored as the string ``"inf"``). Notebook 03 §6b trains two
@@ -31,8 +31,8 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:           # run as a file from the repository root: make `helpers` importable
     sys.path.insert(0, str(HERE.parent))
 
-from helpers import (AssociativeRecallTask, SweepResult, TinyTransformer, attention_at_offset,  # noqa: E402
-                     first_step_reaching, induction_score, sweep, train)
+from helpers import AssociativeRecallTask, TinyTransformer, attention_at_offset, induction_score, train
+from helpers.lab import SweepResult, first_step_reaching, sweep
 
 RESULTS = HERE / "results" / "03_recall_plateau.json"
 SEEDS = list(range(8))

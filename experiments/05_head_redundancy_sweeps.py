@@ -6,7 +6,7 @@ Run from the repository root:
     python experiments/05_head_redundancy_sweeps.py pruning    # one experiment (names: see EXPERIMENTS)
 
 Each experiment is a function ``fn(seed) -> dict`` run over its seeds with
-:func:`helpers.sweep` (``seed_everything(seed)`` before each call, forked workers). The
+:func:`helpers.lab.sweep` (``seed_everything(seed)`` before each call, forked workers). The
 results, with the seeds, torch version, CPU capability and machine, are merged into
 ``experiments/results/05_head_redundancy_sweeps.json``; the notebook loads that file.
 ``model`` saves the trained model that the notebook analyses
@@ -60,7 +60,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import helpers  # noqa: E402
-from helpers import TinyTransformer, TwoPositionTask, apply_rope, evaluate, first_step_reaching, make_task, sweep, train  # noqa: E402
+from helpers import TinyTransformer, TwoPositionTask, apply_rope, evaluate, make_task, train
+from helpers.lab import first_step_reaching, sweep  # noqa: E402
 from helpers import heads as hd  # noqa: E402
 from helpers.viz.heads import spearman  # noqa: E402
 

@@ -14,7 +14,7 @@ Run from the repository root::
     python experiments/06_positional_sweeps.py --part nope
 
 Every experiment is a function of the seed (``schemes_run``, ``stretch_run``,
-``nope_run``), called through :func:`helpers.sweep.sweep` (one worker process per core,
+``nope_run``), called through :func:`helpers.lab.sweep.sweep` (one worker process per core,
 ``seed_everything(seed)`` before each call), so one seed's numbers do not depend on the
 others or on the number of workers. ``tests/test_experiments_06.py`` re-runs a seed
 or two of some of them and checks that each reproduces its own committed verdicts, within a band
@@ -59,7 +59,7 @@ from helpers import LookbackTask, TinyTransformer, evaluate, train  # noqa: E402
 from helpers.positional import (PairRecallTask, T5BiasTransformer, accuracy_by_position,  # noqa: E402
                                 init_position_table_, interpolated_positions, use_rope_base)
 from helpers.rope import ntk_scaled_base  # noqa: E402
-from helpers.sweep import first_step_reaching, sweep  # noqa: E402
+from helpers.lab.sweep import first_step_reaching, sweep  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results" / "06_positional_sweeps.json"
 

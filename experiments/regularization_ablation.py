@@ -30,7 +30,8 @@ import torch
 
 import helpers
 from helpers import (AssociativeRecallTask, TinyTransformer, attention_at_offset, attention_maps, evaluate,
-                     induction_score, sweep, train)
+                     induction_score, train)
+from helpers.lab import sweep
 from helpers.regularization import label_smoothing_cross_entropy
 
 RESULTS = Path(__file__).resolve().parent / "results" / "04_regularization_ablation.json"
@@ -102,7 +103,7 @@ def run_config(seed: int, cfg: dict) -> dict:
 
 
 def measure_arms(run, seeds, arms) -> dict:
-    """``{arm: [the metrics of run(seed, arm) for each seed]}``, each arm's seeds in one ``helpers.sweep``."""
+    """``{arm: [the metrics of run(seed, arm) for each seed]}``, each arm's seeds in one ``helpers.lab.sweep``."""
     return {arm: sweep(lambda seed, arm=arm: run(seed, arm), seeds).runs for arm in arms}
 
 

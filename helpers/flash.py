@@ -27,9 +27,8 @@ Contents
   the KV sequence across thread blocks; not the warp-level "split-K" that FlashAttention-2 §3.3 removes).
 * :func:`materialized_attention` -- the plain version, scores materialised: the baseline.
 * :func:`causal_tile_counts`, :func:`score_matrix_bytes`, :func:`tiled_working_bytes` -- exact counts.
-* :func:`peak_memory`, :class:`MemoryReport`, :class:`AllocationCounter` -- peak memory of a call on
-  any device: an allocation counter built on ``TorchDispatchMode`` (see :class:`AllocationCounter`
-  for what it counts and why it is used rather than torch's profiler).
+
+The peak memory of a call (``peak_memory``, notebook 08 §3) is measured by :mod:`helpers.lab.memory`.
 
 Conventions: tensors are ``(batch, heads, seq, head_dim)``; ``k`` and ``v`` may have fewer heads
 than ``q`` (grouped-query attention: query head ``i`` reads K/V head ``i // (heads_q / heads_kv)``,
@@ -42,20 +41,17 @@ from __future__ import annotations
 
 import math
 import numbers
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from .traffic import _tensors  # the tensors inside nested tuples, lists and dicts (shared with the traffic counter)
 
 __all__ = [
     "online_softmax_update", "online_softmax", "merge_attention_partials", "materialized_attention",
     "flash_attention_forward", "FlashAttentionFunction", "flash_attention", "split_kv_decode",
     "causal_tile_counts", "score_matrix_bytes", "tiled_working_bytes",
-    "AllocationCounter", "MemoryReport", "peak_memory", "FlashStats",
+    "FlashStats",
 ]
 
 _NEG_INF = float("-inf")
@@ -588,108 +584,3 @@ def tiled_working_bytes(batch: int, heads: int, block_q: int, block_k: int, head
         raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
     per = 2 * block_q * block_k + 2 * block_q * head_dim + 2 * block_q
     return batch * heads * per * torch.empty((), dtype=dtype).element_size()
-
-
-# --------------------------------------------------------------------- peak memory
-
-
-class AllocationCounter(TorchDispatchMode):
-    r"""Counts the bytes of the tensors that torch operations create inside a ``with`` block, and their peak.
-
-    Every ATen operation run inside the block (on any device, forward and backward) passes through
-    this ``TorchDispatchMode``: each result whose storage is not one of the operation's inputs'
-    (a new buffer, not a view or an in-place result) is counted with its storage's ``nbytes`` until
-    the last tensor using that storage is freed (a ``weakref.finalize`` per tensor). ``current`` is
-    what is alive now, ``peak`` the most that was alive at once, ``allocated`` the sum of every new
-    buffer, ``ops`` the name of every operation seen (e.g. which attention kernel ran).
-
-    What it does not see: buffers a kernel allocates for itself and frees before returning
-    (scratch space inside a fused kernel: e.g. the tiles of ``F.scaled_dot_product_attention``'s
-    CPU flash kernel), tensors created before the block, and the allocator's own caching.
-    Why this rather than ``torch.profiler.profile(profile_memory=True)``, which sees the CPU
-    allocator itself: the counter is exact and the same on every run and machine (it depends on
-    shapes and dtypes only), costs one Python call per operation, and prints nothing; the
-    profiler (torch 2.13, CPU) took about 2.7 s on its first use in one run here, writes kineto log lines to the process's
-    stderr, and reports per-event sizes that must be summed in time order.
-    ``benchmarks/flash_bench.py`` reports both, and ``tests/test_flash.py`` checks they agree on
-    plain attention.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.current = 0
-        self.peak = 0
-        self.allocated = 0
-        self.n_allocations = 0
-        self.ops: list[str] = []
-        self._live: dict[int, list] = {}   # storage key -> [nbytes, number of live tensors using it]
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        self.ops.append(str(func.overloadpacket.__name__))
-        inputs = {self._key(t) for t in _tensors((args, kwargs))}
-        for t in _tensors(out):
-            self._track(t, inputs)
-        return out
-
-    @staticmethod
-    def _key(t: torch.Tensor) -> int:
-        return t.untyped_storage()._cdata
-
-    def _track(self, t: torch.Tensor, inputs: set) -> None:
-        key = self._key(t)
-        entry = self._live.get(key)
-        if entry is None:
-            if key in inputs:             # a view of, or an in-place result on, a tensor from outside
-                return
-            nbytes = t.untyped_storage().nbytes()
-            entry = self._live[key] = [nbytes, 0]
-            self.current += nbytes
-            self.allocated += nbytes
-            self.n_allocations += 1
-            self.peak = max(self.peak, self.current)
-        entry[1] += 1
-        weakref.finalize(t, self._release, key)
-
-    def _release(self, key: int) -> None:
-        entry = self._live.get(key)
-        if entry is None:
-            return
-        entry[1] -= 1
-        if entry[1] == 0:
-            self.current -= entry[0]
-            del self._live[key]
-
-
-@dataclass
-class MemoryReport:
-    """What :func:`peak_memory` measured. Byte counts; ``result`` is what the call returned."""
-
-    peak_bytes: int
-    allocated_bytes: int
-    n_allocations: int
-    retained_bytes: int
-    ops: list = field(repr=False, default_factory=list)
-    result: Any = field(repr=False, default=None)
-
-    @property
-    def peak_mib(self) -> float:
-        return self.peak_bytes / 2 ** 20
-
-
-def peak_memory(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> MemoryReport:
-    r"""Run ``fn(*args, **kwargs)`` under :class:`AllocationCounter` and report its peak memory.
-
-    ``peak_bytes``: the most bytes of tensors created by the call alive at the same time (its
-    result included while it is being built); ``retained_bytes``: what is still alive when it
-    returns (its result, and anything saved for backward); ``allocated_bytes``: every new buffer,
-    summed; ``ops``: the operations that ran. Exact: it depends only on shapes, dtypes and the code
-    path, not on the machine.
-    """
-    if not callable(fn):
-        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    counter = AllocationCounter()
-    with counter:
-        result = fn(*args, **kwargs)
-    return MemoryReport(counter.peak, counter.allocated, counter.n_allocations, counter.current, counter.ops, result)

@@ -14,7 +14,7 @@ re-run, is given in each test's comment; the floor is twice it, rounded up to a 
 (:func:`floor_of`). A seed whose verdict sits within the floor of its threshold is fragile: the tests
 re-run other seeds (each comment says which and why).
 
-To measure a move again (one seed, in this process, one thread, as ``helpers.sweep`` runs it)::
+To measure a move again (one seed, in this process, one thread, as ``helpers.lab.sweep`` runs it)::
 
     python tests/_rerun.py regularization_ablation run 0 '["none"]'              > plain.json
     python tests/_rerun.py --perturbed regularization_ablation run 0 '["none"]'  > perturbed.json
@@ -96,11 +96,11 @@ def check_crossing(what: str, got: Sequence[float], committed: Sequence[float], 
 
 
 def rerun(fn: Callable[[int], Any], seeds: Sequence[int]) -> list[dict]:
-    """``fn(seed)`` for each seed, through ``helpers.sweep`` as the committed sweep ran it (seeded, one thread).
+    """``fn(seed)`` for each seed, through ``helpers.lab.sweep`` as the committed sweep ran it (seeded, one thread).
 
     In this process, one seed after another: the slow tier's two pytest workers already use both cores, and
-    a seed's result does not depend on the number of workers (``helpers.sweep``)."""
-    from helpers import sweep
+    a seed's result does not depend on the number of workers (``helpers.lab.sweep``)."""
+    from helpers.lab import sweep
     return list(sweep(fn, list(seeds), workers=1).runs)
 
 
@@ -122,7 +122,7 @@ def main(argv: list[str]) -> None:
     kw = json.loads(args[4]) if len(args) > 4 else {}
     sys.path.insert(0, str(ROOT))
     fn = getattr(_load(script), func)
-    from helpers import sweep
+    from helpers.lab import sweep
     call = lambda s: fn(s, *pos, **kw)  # noqa: E731
     if perturbed:
         spec = importlib.util.spec_from_file_location("perturbed_arithmetic", ROOT / "tests" / "perturbed_arithmetic"

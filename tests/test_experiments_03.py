@@ -135,7 +135,7 @@ def test_two_seeds_rerun_reproduce_their_own_committed_records(exp):
     twice those moves. A seed whose verdict sits within its floor of the threshold would be fragile: both
     seeds here are far from it (checked first).
     """
-    from helpers import sweep
+    from helpers.lab import sweep
 
     s = exp.SETTINGS
     sw = exp.load_sweep()

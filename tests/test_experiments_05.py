@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from _rerun import check_crossing, check_near, check_verdict, floor_of, rerun
-from helpers import sweep
+from helpers.lab import sweep
 
 @pytest.fixture(scope="module")
 def ex05(experiment_script):

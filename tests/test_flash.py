@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from helpers import flash as fl
 from helpers.viz.flash import tile_schedule_state
+from helpers.lab.memory import peak_memory
 
 NEG_INF = float("-inf")
 
@@ -384,7 +385,7 @@ def test_peak_memory_of_plain_attention_is_exact():
         p = torch.softmax(s, -1)
         return p @ v
 
-    rep = fl.peak_memory(plain, q, k, v)
+    rep = peak_memory(plain, q, k, v)
     assert rep.peak_bytes == 2 * 4 * L * L + 4 * L * d           # S, P and the output being built (q/sqrt(d) is freed)
     assert rep.retained_bytes == 4 * L * d                       # only the result is still alive
     assert rep.n_allocations == 4 and "_softmax" in rep.ops
@@ -401,14 +402,14 @@ def test_peak_memory_ignores_views_and_inplace_and_frees():
         w = torch.ones(25)           # 100 bytes, after z is freed
         return w
 
-    rep = fl.peak_memory(f, x)
+    rep = peak_memory(f, x)
     assert rep.peak_bytes == 200 and rep.allocated_bytes == 300 and rep.retained_bytes == 100
 
 
 def test_tiled_needs_much_less_memory_than_plain():
     q, k, v = _qkv(B=1, H=1, L=1024, d=32)
-    plain = fl.peak_memory(fl.materialized_attention, q, k, v)
-    tiled = fl.peak_memory(fl.flash_attention_forward, q, k, v, block_q=128, block_k=128)
+    plain = peak_memory(fl.materialized_attention, q, k, v)
+    tiled = peak_memory(fl.flash_attention_forward, q, k, v, block_q=128, block_k=128)
     assert plain.peak_bytes >= 2 * fl.score_matrix_bytes(1, 1, 1024, 1024)
     assert plain.peak_bytes >= 8 * tiled.peak_bytes
     torch.testing.assert_close(plain.result[0], tiled.result[0], atol=2e-6, rtol=0)
@@ -418,7 +419,7 @@ def test_peak_memory_agrees_with_the_profiler_on_plain_attention():
     profiler = pytest.importorskip("torch.profiler")
     L = 512
     q, k, v = _qkv(B=1, H=1, L=L, d=32)
-    counted = fl.peak_memory(fl.materialized_attention, q, k, v).peak_bytes
+    counted = peak_memory(fl.materialized_attention, q, k, v).peak_bytes
     with profiler.profile(activities=[profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
         fl.materialized_attention(q, k, v)
     events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
@@ -431,7 +432,7 @@ def test_peak_memory_agrees_with_the_profiler_on_plain_attention():
 
 def test_peak_memory_bad_input():
     with pytest.raises(TypeError, match="fn must be callable"):
-        fl.peak_memory(3)
+        peak_memory(3)
 
 
 def test_tile_schedule_state_bad_input():
@@ -453,9 +454,9 @@ def test_notebook_08_memory_goal_bytes_are_exact():
 
     L, d, blk = 4096, 64, 256
     q, k, v = _qkv(B=1, H=1, L=L, d=d)
-    masked = fl.peak_memory(fl.materialized_attention, q, k, v).peak_bytes
-    two = fl.peak_memory(plain_attention, q, k, v).peak_bytes
-    tiled = fl.peak_memory(fl.flash_attention_forward, q, k, v, block_q=blk, block_k=blk).peak_bytes
+    masked = peak_memory(fl.materialized_attention, q, k, v).peak_bytes
+    two = peak_memory(plain_attention, q, k, v).peak_bytes
+    tiled = peak_memory(fl.flash_attention_forward, q, k, v, block_q=blk, block_k=blk).peak_bytes
     scores = fl.score_matrix_bytes(1, 1, L, L)
     assert masked == 3 * scores + 4 * L + L == 201_347_072           # S, S - lse, P; the lse; the bool mask
     assert two == 2 * scores + 4 * L * d == 135_266_304              # S, P; the output

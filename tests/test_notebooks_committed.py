@@ -189,13 +189,13 @@ def test_no_assert_on_where_a_roundoff_value_falls(path: Path):
     for i, (src, tags) in enumerate(_cells(nb)[1]):
         bad = roundoff_position_asserts(src)
         assert not bad, (f"{path.name}: code cell {i + 1} computes or asserts the decade of a value: {bad}. "
-                         "Print a round-off size with helpers.roundoff and assert only its bound")
+                         "Print a round-off size with helpers.lab.roundoff and assert only its bound")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_no_decade_printed_in_compared_output(path: Path):
     """The old convention printed 'of order 1e-7': a decade is not portable either (issue: AVX-512 printed
-    1e-15 where 1e-16 was committed). Round-off sizes go through helpers.roundoff, which nbval masks."""
+    1e-15 where 1e-16 was committed). Round-off sizes go through helpers.lab.roundoff, which nbval masks."""
     nb = json.loads(pristine(path).read_text(encoding="utf-8"))
     for i, c in enumerate(_cells(nb)[0]):
         if "nbval-ignore-output" in c.get("metadata", {}).get("tags", []):
@@ -203,7 +203,7 @@ def test_no_decade_printed_in_compared_output(path: Path):
         for out in c.get("outputs", []):
             text = "".join(out.get("text", "")) + "".join(out.get("data", {}).get("text/plain", ""))
             assert not re.search(r"of order 1e[-+]?\d", text), (
-                f"{path.name}: code cell {i + 1} prints a decade ('of order 1e..') in compared output; use helpers.roundoff")
+                f"{path.name}: code cell {i + 1} prints a decade ('of order 1e..') in compared output; use helpers.lab.roundoff")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])

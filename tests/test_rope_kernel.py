@@ -182,7 +182,7 @@ def test_without_a_working_compiler_apply_rope_falls_back():
 
 @needs_kernel
 def test_kernel_in_forked_sweep_workers():
-    """helpers.sweep's forked workers run at one thread, so the kernel opens no parallel region there
+    """helpers.lab.sweep's forked workers run at one thread, so the kernel opens no parallel region there
     (after the parent used the OpenMP pool, a region in a forked child hangs, as PyTorch's own
     operators do). 262144 elements: with two threads the kernel would open one. In a child process
     with a timeout, so that a regression fails instead of hanging the suite."""
@@ -190,7 +190,7 @@ def test_kernel_in_forked_sweep_workers():
 import torch
 from helpers import rope_kernel as K
 from helpers.rope import apply_rope
-from helpers.sweep import sweep
+from helpers.lab.sweep import sweep
 torch.set_num_threads(2)
 apply_rope(torch.randn(1, 8, 256, 128).bfloat16())  # the parent uses the pool first
 

@@ -1,4 +1,4 @@
-"""helpers.roundoff prints a rounding error in the one shape that tests/nbval_sanitize.cfg masks."""
+"""helpers.lab.roundoff prints a rounding error in the one shape that tests/nbval_sanitize.cfg masks."""
 from __future__ import annotations
 
 import configparser
@@ -10,7 +10,7 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from helpers.roundoff import ROUNDOFF_TAG, roundoff
+from helpers.lab.roundoff import ROUNDOFF_TAG, roundoff
 
 SANITIZE = Path(__file__).resolve().parent / "nbval_sanitize.cfg"
 

@@ -587,7 +587,7 @@ def test_runner_uses_agg_and_closes_figures(tmp_path: Path):
 
 @pytest.mark.parametrize("code, bad", [
     ("r = check_mha(M)\nassert r.passed, r\nprint(r)", []),
-    ("print(helpers.check_rope_half(f))", ["check_rope_half"]),
+    ("print(helpers.practice.check_rope_half(f))", ["check_rope_half"]),
     ("r = check_dropout(f)\nassert r", ["check_dropout"]),
     ("x = 1", []),
 ])

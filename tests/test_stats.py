@@ -1,4 +1,4 @@
-"""helpers.stats: paired comparisons, censored time-to-threshold and k-of-n intervals.
+"""helpers.lab.stats: paired comparisons, censored time-to-threshold and k-of-n intervals.
 
 Known answers come from two independent places: small cases worked by hand (formulas,
 enumerations written out here) and scipy's own functions called directly.
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import scipy.stats as st
 
-from helpers.stats import (Censored, PairedComparison, k_of_n_interval, km_median, paired, proportion_interval,
+from helpers.lab.stats import (Censored, PairedComparison, k_of_n_interval, km_median, paired, proportion_interval,
                            time_to_threshold)
 
 

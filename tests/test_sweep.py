@@ -1,4 +1,4 @@
-"""helpers.sweep: seeds run in workers give exactly what they give in this process; errors name the seed."""
+"""helpers.lab.sweep: seeds run in workers give exactly what they give in this process; errors name the seed."""
 from __future__ import annotations
 
 import math
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from helpers.stats import Censored, PairedComparison, paired
-from helpers.sweep import SweepError, SweepResult, first_step_reaching, sweep
+from helpers.lab.stats import Censored, PairedComparison, paired
+from helpers.lab.sweep import SweepError, SweepResult, first_step_reaching, sweep
 
 
 def _noisy_training(seed):
@@ -255,7 +255,7 @@ def test_paired_and_censored_figures():
 
 
 def time_to_threshold_for(values, budget):
-    from helpers.stats import time_to_threshold
+    from helpers.lab.stats import time_to_threshold
     return time_to_threshold(values, budget)
 
 
@@ -264,7 +264,7 @@ def time_to_threshold_for(values, budget):
 
 import importlib  # noqa: E402
 
-sweep_module = importlib.import_module("helpers.sweep")  # the module: `helpers.sweep` is also the function
+sweep_module = importlib.import_module("helpers.lab.sweep")  # the module: `helpers.lab.sweep` is also the function
 
 
 def _quick(seed):
@@ -339,7 +339,7 @@ def test_a_notebook_passes_nbval_with_and_without_the_progress_output(tmp_path):
     pytest.importorskip("nbval")
     root = Path(__file__).resolve().parents[1]
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("from helpers.sweep import sweep\n"
+    nb.cells = [nbformat.v4.new_code_cell("from helpers.lab.sweep import sweep\n"
                                           "res = sweep(lambda s: s * 2.0, [0, 1, 2], workers=1)\n"
                                           "print(res.values().tolist())"),
                 nbformat.v4.new_code_cell("print(sweep(lambda s: s + 0.5, [3, 4], workers=2).values().tolist())")]

@@ -1,4 +1,4 @@
-"""Tests of ``helpers.traffic`` (notebook 02, section 6): the memory-traffic logger.
+"""Tests of ``helpers.lab.traffic`` (notebook 02, section 6): the memory-traffic logger.
 
 The logger rests on ``torch.overrides.TorchFunctionMode``. The first tests pin down what
 that hook sees in the installed torch (which calls reach it, in what form); if a torch
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import helpers
-from helpers.traffic import MemoryTraffic, OpRecord, memory_traffic
+from helpers.lab.traffic import MemoryTraffic, OpRecord, memory_traffic
 
 
 def x_(*shape):
@@ -37,7 +37,7 @@ def test_torch_function_mode_is_the_public_one_and_sees_calls():
     names = [n for n in seen if n != "__get__"]
     assert names == ["mul", "stack", "addcmul_"], (
         f"torch.overrides.TorchFunctionMode no longer reports calls as before (got {names}); "
-        "helpers.traffic's classification (views, in-place by trailing '_', out=) must be re-checked"
+        "helpers.lab.traffic's classification (views, in-place by trailing '_', out=) must be re-checked"
     )
 
 

@@ -237,5 +237,5 @@ def test_notebook_inline_mha_agrees_with_helpers(use_mask):
 
 
 def test_notebook_scaffold_cell_is_helpers_scaffold():
-    """The exercise cell the learner edits starts as helpers.SCAFFOLD (same interface as check_mha's)."""
+    """The exercise cell the learner edits starts as helpers.practice.SCAFFOLD (same interface as check_mha's)."""
     assert _tagged_cell("mha-scaffold").strip() == SCAFFOLD.strip()

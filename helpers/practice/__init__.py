@@ -38,8 +38,8 @@ The daily practice of notebook 00 (每日默写) puts every checker on a spaced-
   figure; ``python -m helpers.practice`` (:mod:`helpers.practice.__main__`), the same from a terminal.
   These are not re-exported by :mod:`helpers` (import them from here).
 
-Everything listed in each module's ``__all__`` is re-exported here; the checkers, solutions and
-mistake dicts are also exported by :mod:`helpers` itself (``from helpers import check_mha``).
+Everything listed in each module's ``__all__`` is re-exported here (``from helpers.practice import
+check_mha``); :mod:`helpers` itself exports only the reference code.
 """
 from .engine import (
     CheckResult, PlantedMistake, Reject, TestInput, as_tensor_result, clone_args, diagnose, labelled,

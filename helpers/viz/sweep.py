@@ -1,17 +1,17 @@
-"""Figures of seed sweeps (:mod:`helpers.sweep`): every seed drawn, the mean on top.
+"""Figures of seed sweeps (:mod:`helpers.lab.sweep`): every seed drawn, the mean on top.
 
 * :func:`plot_sweep_points` -- one column per arm (e.g. "none", "dropout 0.1"), a dot per
   seed (jittered deterministically), the mean as a bar with ± one standard deviation.
 * :func:`plot_sweep_curves` -- one thin line per seed and the mean as a thick line, for a
   quantity recorded during training (e.g. validation accuracy every 25 steps).
-* :func:`plot_paired` -- a :class:`~helpers.stats.PairedComparison`: one dot per seed at
+* :func:`plot_paired` -- a :class:`~helpers.lab.stats.PairedComparison`: one dot per seed at
   its difference ``a - b`` (labelled with the seed), the zero line, the mean and its t interval.
-* :func:`plot_time_to_threshold` -- a :class:`~helpers.stats.Censored` per arm: runs that
+* :func:`plot_time_to_threshold` -- a :class:`~helpers.lab.stats.Censored` per arm: runs that
   reached the threshold as dots at their step, censored runs as open triangles at the
   budget pointing right ("> B"), the Kaplan-Meier median as a tick.
 
 Used by notebooks 03-06. No numerics of their own beyond mean and standard deviation; the
-statistics come from :mod:`helpers.stats`.
+statistics come from :mod:`helpers.lab.stats`.
 """
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 from matplotlib.axes import Axes
 
-from ..stats import Censored, PairedComparison
-from ..sweep import SweepResult
+from ..lab.stats import Censored, PairedComparison
+from ..lab.sweep import SweepResult
 
 __all__ = ["plot_paired", "plot_sweep_points", "plot_sweep_curves", "plot_time_to_threshold"]
 
@@ -94,7 +94,7 @@ def plot_sweep_curves(
 
     Args:
         ax: the axes to draw on.
-        result: a :class:`~helpers.sweep.SweepResult` whose ``key`` holds equal-length sequences.
+        result: a :class:`~helpers.lab.sweep.SweepResult` whose ``key`` holds equal-length sequences.
         key: the sequence result to draw.
         steps: the x values (same length as each sequence).
         label: legend label of the mean line (the seed count is appended).
@@ -135,18 +135,18 @@ def plot_paired(
 
     Each seed's difference ``a - b`` is a dot labelled with the seed (in seed order along
     x); the dashed line is zero (no difference); the black bar is the mean difference with
-    its t interval (:attr:`~helpers.stats.PairedComparison.t_ci`). The title defaults to
+    its t interval (:attr:`~helpers.lab.stats.PairedComparison.t_ci`). The title defaults to
     the one-line summary's counts and p-values.
 
     Args:
-        comparison: from :func:`helpers.stats.paired` or ``SweepResult.paired_with``.
+        comparison: from :func:`helpers.lab.stats.paired` or ``SweepResult.paired_with``.
         ax: the axes to draw on (default: a new figure).
         unit: the unit of the compared quantity, for the y label (e.g. "accuracy", "steps").
         title: the axes title (default: built from the comparison).
         color: colour of the seed dots.
     """
     if not isinstance(comparison, PairedComparison):
-        raise TypeError(f"comparison must be a PairedComparison (helpers.stats.paired), got "
+        raise TypeError(f"comparison must be a PairedComparison (helpers.lab.stats.paired), got "
                         f"{type(comparison).__name__}")
     ax = _new_axes(ax, (5.0, 3.2))
     c = comparison
@@ -189,7 +189,7 @@ def plot_time_to_threshold(
     reached it). Seeds are labelled next to their marks.
 
     Args:
-        arms: ``{arm name: Censored}`` from :func:`helpers.stats.time_to_threshold` or
+        arms: ``{arm name: Censored}`` from :func:`helpers.lab.stats.time_to_threshold` or
             ``SweepResult.time_to_threshold``.
         ax: the axes to draw on (default: a new figure).
         unit: the time unit of the x axis.
@@ -200,7 +200,7 @@ def plot_time_to_threshold(
         raise ValueError(f"arms must be a non-empty mapping of arm name to Censored, got {arms!r}")
     for name, c in arms.items():
         if not isinstance(c, Censored):
-            raise TypeError(f"arms[{name!r}] must be a Censored (helpers.stats.time_to_threshold), "
+            raise TypeError(f"arms[{name!r}] must be a Censored (helpers.lab.stats.time_to_threshold), "
                             f"got {type(c).__name__}")
     ax = _new_axes(ax, (6.0, 0.9 + 0.7 * len(arms)))
     names = list(arms)

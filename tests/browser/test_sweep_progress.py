@@ -1,4 +1,4 @@
-"""``helpers.sweep``'s progress line, seen in JupyterLab as a learner sees it (issue 23): while the
+"""``helpers.lab.sweep``'s progress line, seen in JupyterLab as a learner sees it (issue 23): while the
 seeds run, one output line counts the finished seeds, updated in place; when the sweep ends it is
 replaced by a blank 1x1 picture, so the saved notebook holds no count and no time."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import nbformat
 from .conftest import scratch_notebook
 from .test_lab_sliders import KERNEL_IDLE
 
-CELL = ("import time\nfrom helpers.sweep import sweep\n"
+CELL = ("import time\nfrom helpers.lab.sweep import sweep\n"
         "res = sweep(lambda s: time.sleep(2.0) or float(s), [0, 1, 2], workers=1)\n"
         "print('done', res.values().tolist())")
 OUTPUT_TEXT = """() => {

@@ -51,7 +51,7 @@ import numpy as np
 import torch
 
 from .stats import Censored, PairedComparison, k_of_n_interval, km_median, paired, time_to_threshold
-from .utils import seed_everything
+from ..utils import seed_everything
 
 __all__ = ["SweepError", "SweepResult", "available_cores", "first_step_reaching", "sweep"]
 
@@ -282,7 +282,7 @@ class SweepResult:
         """``"k of n seeds"`` for ``predicate``.
 
         With ``ci=True``: ``"k of n seeds (75%; 95% CI 35% to 97%, Clopper-Pearson)"``
-        (:func:`helpers.stats.k_of_n_interval`). A count over a threshold is a coarse
+        (:func:`helpers.lab.stats.k_of_n_interval`). A count over a threshold is a coarse
         summary; when two arms share their seeds, :meth:`paired_with` is the headline.
         """
         k = self.count(key, predicate)
@@ -299,7 +299,7 @@ class SweepResult:
         silently leave the slowest runs out. Then the text is instead ``"6 of 8 seeds
         reached it; Kaplan-Meier median 290 (fastest 125); censored, not reached within the
         run: seeds 3, 7"`` -- the Kaplan-Meier median treats the censored runs as later than
-        every run that reached it (:func:`helpers.stats.km_median`). With ``budget`` the text
+        every run that reached it (:func:`helpers.lab.stats.km_median`). With ``budget`` the text
         says "by step B" and a median above it reads "> B"; :meth:`time_to_threshold` gives
         the full summary.
 
@@ -344,18 +344,18 @@ class SweepResult:
 
     def time_to_threshold(self, key: str, budget: float, *, threshold: Optional[float] = None,
                           unit: str = "steps", fmt: str = ".0f") -> Censored:
-        """:func:`helpers.stats.time_to_threshold` of the scalar result ``key`` (``inf``: not reached by ``budget``)."""
+        """:func:`helpers.lab.stats.time_to_threshold` of the scalar result ``key`` (``inf``: not reached by ``budget``)."""
         return time_to_threshold(self.values(key).tolist(), budget, seeds=self.seeds, threshold=threshold,
                                  unit=unit, fmt=fmt)
 
     def paired_with(self, other: "SweepResult", key: str, other_key: Optional[str] = None, *,
                     name: Optional[str] = None, other_name: Optional[str] = None, **kwargs: Any) -> PairedComparison:
-        """:func:`helpers.stats.paired` of ``self[key] - other[other_key]``, matched seed by seed.
+        """:func:`helpers.lab.stats.paired` of ``self[key] - other[other_key]``, matched seed by seed.
 
         ``other`` may be ``self`` (two keys of one sweep, e.g. ``"GQA: acc"`` vs ``"MQA: acc"``).
         Both must hold the same seeds (in any order); the result follows ``self.seeds``.
         ``name`` / ``other_name`` default to the keys (or "this" / "other" when the keys are
-        equal); ``kwargs`` go to :func:`helpers.stats.paired` (``better``, ``fmt``, ...).
+        equal); ``kwargs`` go to :func:`helpers.lab.stats.paired` (``better``, ``fmt``, ...).
         """
         if not isinstance(other, SweepResult):
             raise TypeError(f"other must be a SweepResult, got {type(other).__name__}")

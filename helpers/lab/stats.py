@@ -1,6 +1,6 @@
 r"""Statistics for seed sweeps, built on :mod:`scipy.stats`: paired arms, censored times, counts.
 
-Three questions the notebooks ask of a sweep (:mod:`helpers.sweep`), each with the summary
+Three questions the notebooks ask of a sweep (:mod:`helpers.lab.sweep`), each with the summary
 a referee expects and one line a notebook prints:
 
 * :func:`paired` -- two arms run over the *same* seeds (seed ``s`` fixes the data, the
@@ -183,7 +183,7 @@ class PairedComparison:
 
     ``diffs[i] = a[i] - b[i]`` for ``seeds[i]``. With ``better="higher"`` a seed is
     "better" for ``a`` when ``diffs > 0``; with ``better="lower"`` (steps, losses) when
-    ``diffs < 0``. Build with :func:`paired` or :meth:`helpers.sweep.SweepResult.paired_with`.
+    ``diffs < 0``. Build with :func:`paired` or :meth:`helpers.lab.sweep.SweepResult.paired_with`.
 
     Attributes:
         a_name, b_name: the arms' names (the difference is ``a_name - b_name``).
@@ -517,7 +517,7 @@ def time_to_threshold(
 
     * ``values`` alone: the step each run reached the threshold, with ``None``, ``inf`` or
       ``NaN`` for a run that did not reach it within ``budget`` (as
-      :func:`helpers.sweep.first_step_reaching` returns ``inf``); those runs are censored
+      :func:`helpers.lab.sweep.first_step_reaching` returns ``inf``); those runs are censored
       at ``budget``.
     * ``values`` and ``reached``: ``values[i]`` is the step run ``i`` reached it
       (``reached[i]`` True) or stopped below it (False: censored there, e.g. a run that

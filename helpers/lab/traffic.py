@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["OpRecord", "MemoryTraffic", "memory_traffic"]
+__all__ = ["OpRecord", "MemoryTraffic", "memory_traffic", "tensors_in"]
 
 
 @dataclass(frozen=True)
@@ -63,13 +63,13 @@ class OpRecord:
         return self.read_bytes + self.write_bytes
 
 
-def _tensors(obj: Any) -> list[torch.Tensor]:
+def tensors_in(obj: Any) -> list[torch.Tensor]:
     if isinstance(obj, torch.Tensor):
         return [obj]
     if isinstance(obj, (list, tuple)):
-        return [t for o in obj for t in _tensors(o)]
+        return [t for o in obj for t in tensors_in(o)]
     if isinstance(obj, dict):
-        return [t for o in obj.values() for t in _tensors(o)]
+        return [t for o in obj.values() for t in tensors_in(o)]
     return []
 
 
@@ -108,14 +108,14 @@ class MemoryTraffic(TorchFunctionMode):
         name = getattr(func, "__name__", repr(func))
         if name == "__setitem__" and isinstance(args[0], torch.Tensor):
             # t[index] = value: reads the value tensor(s), writes the indexed region of t.
-            region, values = args[0][args[1]], _tensors(list(args[2:]))
+            region, values = args[0][args[1]], tensors_in(list(args[2:]))
             self.records.append(OpRecord(name, "in-place", sum(v.nbytes for v in values), region.nbytes, 0,
                                          any(_is_strided(t) for t in values + [region])))
             return out
-        results = _tensors(out)
+        results = tensors_in(out)
         if not results:
             return out
-        inputs = _tensors(args) + _tensors({k: v for k, v in kwargs.items() if k != "out"})
+        inputs = tensors_in(args) + tensors_in({k: v for k, v in kwargs.items() if k != "out"})
         strided = any(_is_strided(t) for t in inputs + results)
         read = sum(t.nbytes for t in inputs)
         write = sum(t.nbytes for t in results)
@@ -164,7 +164,7 @@ def memory_traffic(fn: Callable[..., Any], *args: Any, unit_bytes: int | None = 
     the same size moves 2.
     """
     if unit_bytes is None:
-        first = next(iter(_tensors(list(args))), None)
+        first = next(iter(tensors_in(list(args))), None)
         if first is None:
             raise ValueError("unit_bytes must be given when no positional argument is a tensor")
         unit_bytes = first.nbytes
