@@ -169,7 +169,7 @@ def screenshot_dir(request, tmp_path_factory) -> Path:
 def lab(tmp_path_factory):
     if chromium_path() is None:
         pytest.skip(SKIP_REASON)
-    pytest.importorskip("playwright.sync_api", reason="playwright (pinned in requirements.txt) is not installed")
+    pytest.importorskip("playwright.sync_api", reason="playwright (pinned in requirements-dev.txt) is not installed")
     tmp = tmp_path_factory.mktemp("lab")
     # Always a temporary copy: autosave once overwrote a committed notebook with cleared outputs.
     root = tmp / "repo"
