@@ -23,8 +23,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent

@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU capability "
           f"{torch.backends.cpu.get_cpu_capability()}, batch {args.batch}, heads {args.heads}, head_dim {args.head_dim}, "
           f"tiles {args.block} x {args.block}, causal {args.causal}, float32, median of {args.repeats}")
-    print(f"| L | implementation | ms | counted MiB | allocator MiB | x plain (allocator) |")
+    print("| L | implementation | ms | counted MiB | allocator MiB | x plain (allocator) |")
     print("|---|---|---|---|---|---|")
     goal = None
     with torch.no_grad():

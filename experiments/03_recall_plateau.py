@@ -31,8 +31,8 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:           # run as a file from the repository root: make `helpers` importable
     sys.path.insert(0, str(HERE.parent))
 
-from helpers import AssociativeRecallTask, TinyTransformer, attention_at_offset, induction_score, train
-from helpers.lab import SweepResult, first_step_reaching, sweep
+from helpers import AssociativeRecallTask, TinyTransformer, attention_at_offset, induction_score, train  # noqa: E402
+from helpers.lab import SweepResult, first_step_reaching, sweep  # noqa: E402
 
 RESULTS = HERE / "results" / "03_recall_plateau.json"
 SEEDS = list(range(8))

@@ -60,9 +60,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import helpers  # noqa: E402
-from helpers import TinyTransformer, TwoPositionTask, apply_rope, evaluate, make_task, train
-from helpers.lab import first_step_reaching, sweep  # noqa: E402
+from helpers import TinyTransformer, TwoPositionTask, apply_rope, evaluate, make_task, train  # noqa: E402
 from helpers import heads as hd  # noqa: E402
+from helpers.lab import first_step_reaching, sweep  # noqa: E402
 from helpers.viz.heads import spearman  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results" / "05_head_redundancy_sweeps.json"

@@ -35,8 +35,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from helpers.lab import sweep  # noqa: E402
 from helpers import heads as hd  # noqa: E402
+from helpers.lab import sweep  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results" / "05_normalisation_arms.json"
 SEEDS = list(range(16))

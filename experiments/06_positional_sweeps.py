@@ -55,11 +55,16 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from helpers import LookbackTask, TinyTransformer, evaluate, train  # noqa: E402
-from helpers.positional import (PairRecallTask, T5BiasTransformer, accuracy_by_position,  # noqa: E402
-                                init_position_table_, interpolated_positions, use_rope_base)
-from helpers.rope import ntk_scaled_base  # noqa: E402
+from helpers import LookbackTask, PairRecallTask, TinyTransformer, evaluate, train  # noqa: E402
 from helpers.lab.sweep import first_step_reaching, sweep  # noqa: E402
+from helpers.positional import (  # noqa: E402
+    T5BiasTransformer,
+    accuracy_by_position,
+    init_position_table_,
+    interpolated_positions,
+    use_rope_base,
+)
+from helpers.rope import ntk_scaled_base  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results" / "06_positional_sweeps.json"
 

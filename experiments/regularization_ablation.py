@@ -29,8 +29,15 @@ from pathlib import Path
 import torch
 
 import helpers
-from helpers import (AssociativeRecallTask, TinyTransformer, attention_at_offset, attention_maps, evaluate,
-                     induction_score, train)
+from helpers import (
+    AssociativeRecallTask,
+    TinyTransformer,
+    attention_at_offset,
+    attention_maps,
+    evaluate,
+    induction_score,
+    train,
+)
 from helpers.lab import sweep
 from helpers.regularization import label_smoothing_cross_entropy
 

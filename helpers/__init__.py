@@ -29,39 +29,10 @@ The machinery beside it
 * :mod:`helpers.lab` -- measuring instruments: seed sweeps, statistics, round-off printing,
   memory traffic, peak memory, and the opt-in fused RoPE kernel of appendix 02a.
 """
-from .utils import seed_everything
-from .rope import (
-    RotaryEmbedding,
-    apply_rope,
-    apply_rope_complex,
-    apply_rope_matrix,
-    half_to_interleaved,
-    interleaved_to_half,
-    interleaved_to_half_index,
-    llama3_frequencies,
-    ntk_scaled_base,
-    rope_angles,
-    rope_frequencies,
-    rotation_matrix,
-)
+# The machinery, as subpackages (helpers.lab.paired, helpers.practice.check_mha), not in __all__:
+from . import lab as lab
+from . import practice as practice
 from .attention import MultiHeadAttention, causal_mask, scaled_dot_product_attention
-from .model import POSITIONAL_ENCODINGS, TinyTransformer, TransformerBlock, sinusoidal_encoding
-from .kvcache import KVCache, greedy_generate, kv_cache_bytes
-from .tasks import (
-    IGNORE_INDEX,
-    AssociativeRecallTask,
-    CopyTask,
-    LookbackTask,
-    MixedTask,
-    Split,
-    Task,
-    PairRecallTask,
-    TwoPositionTask,
-    accuracy,
-    make_task,
-)
-from .train import TrainResult, cross_entropy_loss, evaluate, train
-from .positional import use_rope_base
 from .flash import flash_attention, flash_attention_forward, merge_attention_partials, split_kv_decode
 from .heads import (
     PruningCurve,
@@ -77,8 +48,38 @@ from .heads import (
     pruning_curve,
     similarity_clusters,
 )
-
-from . import lab, practice  # the machinery, as subpackages: helpers.lab.paired, helpers.practice.check_mha
+from .kvcache import KVCache, greedy_generate, kv_cache_bytes
+from .model import POSITIONAL_ENCODINGS, TinyTransformer, TransformerBlock, sinusoidal_encoding
+from .positional import use_rope_base
+from .rope import (
+    RotaryEmbedding,
+    apply_rope,
+    apply_rope_complex,
+    apply_rope_matrix,
+    half_to_interleaved,
+    interleaved_to_half,
+    interleaved_to_half_index,
+    llama3_frequencies,
+    ntk_scaled_base,
+    rope_angles,
+    rope_frequencies,
+    rotation_matrix,
+)
+from .tasks import (
+    IGNORE_INDEX,
+    AssociativeRecallTask,
+    CopyTask,
+    LookbackTask,
+    MixedTask,
+    PairRecallTask,
+    Split,
+    Task,
+    TwoPositionTask,
+    accuracy,
+    make_task,
+)
+from .train import TrainResult, cross_entropy_loss, evaluate, train
+from .utils import seed_everything
 
 __all__ = [
     "seed_everything",

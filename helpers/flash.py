@@ -41,11 +41,12 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from dataclasses import dataclass
+from typing import Optional, Sequence
 
 import torch
 
+from .validate import check_int, check_tensor
 
 __all__ = [
     "online_softmax_update", "online_softmax", "merge_attention_partials", "materialized_attention",
@@ -58,30 +59,10 @@ _NEG_INF = float("-inf")
 
 
 # ------------------------------------------------------------------------------ checks
-def _check_int(n: Any, name: str, minimum: int = 1) -> int:
-    if isinstance(n, bool) or not isinstance(n, int):
-        raise TypeError(f"{name} must be an int, got {type(n).__name__} ({n!r})")
-    if n < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {n}")
-    return n
-
-
-def _check_float_tensor(x: Any, name: str, dim: Optional[int] = None, min_dim: Optional[int] = None) -> torch.Tensor:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
-    if dim is not None and x.dim() != dim:
-        raise ValueError(f"{name} must have {dim} dimensions, got shape {tuple(x.shape)}")
-    if min_dim is not None and x.dim() < min_dim:
-        raise ValueError(f"{name} must have at least {min_dim} dimensions, got shape {tuple(x.shape)}")
-    return x
-
-
 def _check_qkv(q, k, v, causal, key_padding_mask, scale) -> tuple[int, float]:
     """Validate the attention inputs; return (query heads per K/V head, scale)."""
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
-        _check_float_tensor(t, name, dim=4)
+        check_tensor(t, name, floating=True, dim=4)
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k and v must have the same dtype, got {q.dtype}, {k.dtype} and {v.dtype}")
     if not (q.device == k.device == v.device):
@@ -155,18 +136,18 @@ def online_softmax_update(
     Returns:
         ``(m', l', acc')`` (``acc'`` is ``None`` when ``acc`` is).
     """
-    _check_float_tensor(m, "m")
-    _check_float_tensor(l, "l")
-    _check_float_tensor(s, "s", min_dim=1)
+    check_tensor(m, "m", floating=True)
+    check_tensor(l, "l", floating=True)
+    check_tensor(s, "s", floating=True, min_dim=1)
     if m.shape != l.shape:
         raise ValueError(f"m and l must have the same shape, got m {tuple(m.shape)} and l {tuple(l.shape)}")
     if s.shape[:-1] != m.shape:
         raise ValueError(f"s must have shape (*m.shape, block) = {tuple(m.shape)} + (block,), got {tuple(s.shape)}")
     if acc is not None:
-        _check_float_tensor(acc, "acc")
+        check_tensor(acc, "acc", floating=True)
         if v is None:
             raise ValueError("v must be given when acc is (the accumulator sums exp(s - m) * v)")
-        _check_float_tensor(v, "v")
+        check_tensor(v, "v", floating=True)
         if acc.shape[:-1] != m.shape:
             raise ValueError(f"acc must have shape (*m.shape, d) = {tuple(m.shape)} + (d,), got {tuple(acc.shape)}")
         if v.shape != s.shape + acc.shape[-1:]:
@@ -198,8 +179,8 @@ def online_softmax(x: torch.Tensor, block_size: int) -> torch.Tensor:
     each entry is :math:`e^{x_j - m}/\ell`. A row that is entirely :math:`-\infty` gives zeros
     (``torch.softmax`` gives NaN there). Shapes: ``(..., n) -> (..., n)``.
     """
-    _check_float_tensor(x, "x", min_dim=1)
-    _check_int(block_size, "block_size")
+    check_tensor(x, "x", floating=True, min_dim=1)
+    check_int(block_size, "block_size")
     m = torch.full(x.shape[:-1], _NEG_INF, dtype=x.dtype, device=x.device)
     l = torch.zeros_like(m)
     for j in range(0, x.shape[-1], block_size):
@@ -237,8 +218,8 @@ def merge_attention_partials(
     if len(outs) != len(lses):
         raise ValueError(f"outs and lses must have the same length, got {len(outs)} and {len(lses)}")
     for i, (o, s) in enumerate(zip(outs, lses)):
-        _check_float_tensor(o, f"outs[{i}]", min_dim=1)
-        _check_float_tensor(s, f"lses[{i}]")
+        check_tensor(o, f"outs[{i}]", floating=True, min_dim=1)
+        check_tensor(s, f"lses[{i}]", floating=True)
         if o.shape != outs[0].shape:
             raise ValueError(f"outs[{i}] has shape {tuple(o.shape)}, outs[0] {tuple(outs[0].shape)}: all must match")
         if s.shape != o.shape[:-1]:
@@ -316,9 +297,9 @@ def causal_tile_counts(seq_len: int, block_q: int, block_k: int) -> tuple[int, i
     partly masked). With :math:`T` = ``ceil(seq_len / block)`` square tiles per side this is
     :math:`T(T+1)/2` of :math:`T^2`: about half.
     """
-    _check_int(seq_len, "seq_len")
-    _check_int(block_q, "block_q")
-    _check_int(block_k, "block_k")
+    check_int(seq_len, "seq_len")
+    check_int(block_q, "block_q")
+    check_int(block_k, "block_k")
     computed = 0
     for i0 in range(0, seq_len, block_q):
         last_row = min(i0 + block_q, seq_len) - 1
@@ -362,8 +343,8 @@ def flash_attention_forward(
         output 0, lse ``-inf``.
     """
     group, scale = _check_qkv(q, k, v, causal, key_padding_mask, scale)
-    _check_int(block_q, "block_q")
-    _check_int(block_k, "block_k")
+    check_int(block_q, "block_q")
+    check_int(block_k, "block_k")
     if stats is not None and not isinstance(stats, FlashStats):
         raise TypeError(f"stats must be a FlashStats or None, got {type(stats).__name__}")
     return _flash_forward(q, k, v, causal, key_padding_mask, scale, block_q, block_k, group, stats)
@@ -431,7 +412,8 @@ class FlashAttentionFunction(torch.autograd.Function):
     ``seq_q x seq_k`` probabilities. Backward (FlashAttention-2's Algorithm 2, Dao 2023, which saves
     only the log-sum-exp, §3.1.1; FlashAttention's Algorithm 4, Dao et al. 2022, saves :math:`m` and
     :math:`\ell`; the row term :math:`D`, derived in FlashAttention's Appendix B.2, Eq. 4, and computed per
-    tile there in Algorithm 4, line 19, is computed once before the loop, as FlashAttention-2's Algorithm 2, line 4, does): :math:`D_i = \sum_c dO_{ic} O_{ic}`, then for each tile
+    tile there in Algorithm 4, line 19, is computed once before the loop, as FlashAttention-2's Algorithm 2,
+    line 4, does): :math:`D_i = \sum_c dO_{ic} O_{ic}`, then for each tile
 
     .. math::
         P = e^{S - \lambda},\quad dV \mathrel{+}= P^\top dO,\quad dP = dO\,V^\top,\quad
@@ -510,8 +492,8 @@ def flash_attention(
     log-sum-exp (``F.scaled_dot_product_attention``'s math, ``torch.autograd.gradcheck``-exact in float64).
     """
     _check_qkv(q, k, v, causal, key_padding_mask, scale)
-    _check_int(block_q, "block_q")
-    _check_int(block_k, "block_k")
+    check_int(block_q, "block_q")
+    check_int(block_k, "block_k")
     return FlashAttentionFunction.apply(q, k, v, causal, key_padding_mask, scale, block_q, block_k)
 
 
@@ -546,7 +528,7 @@ def split_kv_decode(
                          "split_kv_decode applies no causal mask, so with several new queries whose keys are already "
                          "in the cache each would see the later ones; decode them one at a time")
     seq = k_cache.shape[2]
-    _check_int(num_splits, "num_splits")
+    check_int(num_splits, "num_splits")
     if num_splits > seq:
         raise ValueError(f"num_splits must be <= the cache length {seq}, got {num_splits}")
     bounds = [round(i * seq / num_splits) for i in range(num_splits + 1)]
@@ -566,7 +548,7 @@ def split_kv_decode(
 def score_matrix_bytes(batch: int, heads: int, seq_q: int, seq_k: int, dtype: torch.dtype = torch.float32) -> int:
     """Bytes of one materialised ``(batch, heads, seq_q, seq_k)`` score (or probability) matrix."""
     for n, name in ((batch, "batch"), (heads, "heads"), (seq_q, "seq_q"), (seq_k, "seq_k")):
-        _check_int(n, name)
+        check_int(n, name)
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
     return batch * heads * seq_q * seq_k * torch.empty((), dtype=dtype).element_size()
@@ -579,7 +561,7 @@ def tiled_working_bytes(batch: int, heads: int, block_q: int, block_k: int, head
     :math:`m, \ell` (:math:`2\,b_q`), per head and batch item. A lower estimate of the extra memory
     (the output and the log-sum-exp, and short-lived temporaries, come on top)."""
     for n, name in ((batch, "batch"), (heads, "heads"), (block_q, "block_q"), (block_k, "block_k"), (head_dim, "head_dim")):
-        _check_int(n, name)
+        check_int(n, name)
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
     per = 2 * block_q * block_k + 2 * block_q * head_dim + 2 * block_q

@@ -20,8 +20,6 @@ Taught in ``notebooks/05_head_redundancy.ipynb``. Everything here works on a
 * :func:`attention_entropy` -- how spread out attention is (collapse shows as low entropy).
 * :func:`mean_pool_kv_heads` -- turn a multi-head model into a grouped-query one by
   mean-pooling the key and value heads of each group (Ainslie et al. 2023's uptraining).
-* :class:`TwoPositionTask` -- re-exported from :mod:`helpers.tasks`, where it now lives
-  (single head vs multi-head, sec. 5 of the notebook).
 
 Heads are numbered ``(layer, head)``; flattened, head ``(l, h)`` is index ``l * num_heads + h``.
 Data are given as ``batches``: one ``(inputs, targets)`` pair of long tensors
@@ -39,8 +37,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .tasks import IGNORE_INDEX, Task, TwoPositionTask, _check_int  # TwoPositionTask: re-exported (it moved to tasks)
-from .train import _model_device, _to_device, evaluate
+from .tasks import IGNORE_INDEX
+from .train import evaluate, model_device, to_device
+from .validate import check_int
 
 __all__ = [
     "head_importance",
@@ -56,7 +55,6 @@ __all__ = [
     "label_heads",
     "attention_entropy",
     "mean_pool_kv_heads",
-    "TwoPositionTask",
 ]
 
 Pair = tuple[torch.Tensor, torch.Tensor]
@@ -118,7 +116,7 @@ def _evaluate(model, batches: list[Pair], head_mask: Optional[torch.Tensor] = No
     tot_loss = tot_acc = 0.0
     tot_n = 0
     if head_mask is None:  # all ones: the same (explicit) attention path as a pruned model
-        head_mask = torch.ones(model.num_layers, model.num_heads, device=_model_device(model))
+        head_mask = torch.ones(model.num_layers, model.num_heads, device=model_device(model))
     for x, y in batches:
         n = int((y != IGNORE_INDEX).sum())
         if n == 0:
@@ -173,7 +171,7 @@ def head_importance(model: nn.Module, batches: Batches, normalize: bool = False,
         )
     data = _as_batches(batches)
     L, H = _heads(model)
-    dev, dtype = _model_device(model), _model_dtype(model)
+    dev, dtype = model_device(model), _model_dtype(model)
     base = (torch.ones(L, H, device=dev, dtype=dtype) if head_mask is None
             else _check_mask_shape(head_mask, L, H).to(device=dev, dtype=dtype))
     was_training = model.training
@@ -183,7 +181,7 @@ def head_importance(model: nn.Module, batches: Batches, normalize: bool = False,
     try:
         with torch.enable_grad():
             for x, y in data:
-                x, y = (t.clone() if t.is_inference() else t for t in _to_device((x, y), dev))
+                x, y = (t.clone() if t.is_inference() else t for t in to_device((x, y), dev))
                 scored = (y != IGNORE_INDEX)
                 has = scored.any(dim=1)
                 if not bool(has.any()):
@@ -339,8 +337,8 @@ def pruning_curve(
     _check_model(model)
     data = _as_batches(batches)
     imp_data = data if importance_batches is None else _as_batches(importance_batches)
-    _check_int(heads_per_step, "heads_per_step", 1)
-    _check_int(seed, "seed", 0)
+    check_int(heads_per_step, "heads_per_step", 1)
+    check_int(seed, "seed", 0)
     L, H = _heads(model)
     N = L * H
     fixed: Optional[list[tuple[int, int]]] = None
@@ -417,7 +415,7 @@ def attention_maps(model: nn.Module, inputs: torch.Tensor, head_mask: Optional[t
     if not isinstance(inputs, torch.Tensor) or inputs.dim() != 2:
         raise ValueError(f"inputs must be a (batch, seq) tensor of token ids, got "
                          f"{tuple(inputs.shape) if isinstance(inputs, torch.Tensor) else type(inputs).__name__}")
-    (inputs,) = _to_device((inputs,), _model_device(model))
+    (inputs,) = to_device((inputs,), model_device(model))
     was_training = model.training
     model.eval()
     try:
@@ -439,7 +437,7 @@ def head_outputs(model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
     model's device, where the result is returned.
     """
     _check_model(model)
-    (inputs,) = _to_device((inputs,), _model_device(model))
+    (inputs,) = to_device((inputs,), model_device(model))
     captured: list[torch.Tensor] = []
     hooks = [b.attn.linear_out.register_forward_hook(lambda mod, inp, out: captured.append(inp[0]))
              for b in model.blocks]
@@ -489,7 +487,7 @@ def head_similarity(model: nn.Module, batches: Batches, kind: str = "attention")
         sim = unit @ unit.T
         sim.fill_diagonal_(1.0)
         return sim.float()
-    js = torch.zeros(N, N, dtype=torch.float64, device=_model_device(model))
+    js = torch.zeros(N, N, dtype=torch.float64, device=model_device(model))
     rows = 0
     for x, _ in data:
         w = attention_maps(model, x).double()  # (L, b, H, n, n)
@@ -702,7 +700,7 @@ def mean_pool_kv_heads(model: nn.Module, num_kv_heads: int) -> nn.Module:
     """
     _check_model(model)
     L, H = _heads(model)
-    _check_int(num_kv_heads, "num_kv_heads", 1)
+    check_int(num_kv_heads, "num_kv_heads", 1)
     if getattr(model, "num_kv_heads", H) != H:
         raise ValueError(f"model must be multi-head (num_kv_heads == num_heads = {H}), "
                          f"got num_kv_heads={model.num_kv_heads}")

@@ -1,8 +1,5 @@
 """Bridges from the series' from-scratch modules to Hugging Face ``transformers`` (notebook 07).
 
-* :func:`llama_rope` -- Llama's rotary embedding (``LlamaRotaryEmbedding`` +
-  ``apply_rotary_pos_emb``) applied to one tensor, for comparison with
-  :func:`helpers.apply_rope` (``layout="half"``).
 * :func:`mha_from_llama` -- a :class:`helpers.MultiHeadAttention` holding the weights of a
   ``LlamaAttention`` layer (bias-free projections, half-layout RoPE, grouped K/V heads).
 * :func:`llama_causal_mask` -- the additive ``(batch, 1, q, k)`` mask that Llama's eager
@@ -18,8 +15,9 @@
 * :func:`attn_implementation` -- which attention kernel a config selects (the one place that
   reads the private ``config._attn_implementation``: ``transformers`` 5.24 has no public getter).
 
-``transformers`` is imported lazily: the rest of ``helpers`` does not need it. Nothing is
-downloaded: models are built from a config with random weights.
+This module never imports ``transformers``: it reads the configs and modules it is given, so the
+rest of ``helpers`` does not need the library. Nothing is downloaded: models are built from a
+config with random weights.
 """
 from __future__ import annotations
 
@@ -29,29 +27,13 @@ import torch
 from torch import nn
 
 from .attention import MultiHeadAttention, causal_mask
+from .kvcache import greedy_generate
 from .rope import interleaved_to_half_index, llama3_frequencies, rope_frequencies
 
-__all__ = ["llama_rope", "llama_causal_mask", "mha_from_llama", "hf_permute_for_rope", "LlamaForHeads",
+__all__ = ["llama_causal_mask", "mha_from_llama", "hf_permute_for_rope", "LlamaForHeads",
            "SUPPORTED_ROPE_TYPES", "llama_rope_frequencies", "generate_with_series_attention", "attn_implementation"]
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
-
-
-def llama_rope(x: torch.Tensor, positions: torch.Tensor, config) -> torch.Tensor:
-    """Rotate ``x`` ``(batch, heads, seq, head_dim)`` exactly as Llama does for ``positions`` ``(batch, seq)``.
-
-    Uses ``LlamaRotaryEmbedding(config)`` for cos/sin and ``apply_rotary_pos_emb`` (which
-    rotates q and k; ``x`` is passed as both).
-    """
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
-
-    if x.dim() != 4:
-        raise ValueError(f"x must be (batch, heads, seq, head_dim), got shape {tuple(x.shape)}")
-    if positions.shape != (x.shape[0], x.shape[2]):
-        raise ValueError(f"positions must be (batch, seq) = {(x.shape[0], x.shape[2])}, got {tuple(positions.shape)}")
-    cos, sin = LlamaRotaryEmbedding(config)(x, positions)
-    q, _ = apply_rotary_pos_emb(x, x, cos, sin)
-    return q
 
 
 def llama_causal_mask(batch: int, seq: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -91,8 +73,8 @@ def mha_from_llama(layer: nn.Module, config) -> MultiHeadAttention:
     rope_theta = _rope_theta(config)
     bias = layer.q_proj.bias is not None
     p_drop = _attention_dropout(config)
-    mha = MultiHeadAttention(d_model, h, bias=bias, rope=True, rope_base=rope_theta, rope_layout="half", num_kv_heads=kv,
-                             dropout=p_drop)
+    mha = MultiHeadAttention(d_model, h, bias=bias, rope=True, rope_base=rope_theta, rope_layout="half",
+                             num_kv_heads=kv, dropout=p_drop)
     if _rope_type(config) != "default":
         mha.rope_inv_freq = inv_freq
     with torch.no_grad():
@@ -150,7 +132,8 @@ def llama_rope_frequencies(config) -> torch.Tensor:
         )
     params = _rope_params(config)
     if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise ValueError(f"partial_rotary_factor must be 1.0 (RoPE on the whole head), got {params['partial_rotary_factor']}")
+        raise ValueError(f"partial_rotary_factor must be 1.0 (RoPE on the whole head), "
+                         f"got {params['partial_rotary_factor']}")
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     theta = _rope_theta(config)
     if rope_type == "default":
@@ -236,7 +219,8 @@ class LlamaForHeads(nn.Module):
 
         return hook
 
-    def forward(self, tokens: torch.Tensor, head_mask: Optional[torch.Tensor] = None, need_weights: bool = True) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, head_mask: Optional[torch.Tensor] = None,
+                need_weights: bool = True) -> torch.Tensor:
         if head_mask is not None:
             expected = {(self.num_layers, self.num_heads), (tokens.shape[0], self.num_layers, self.num_heads)}
             if tuple(head_mask.shape) not in expected:
@@ -274,8 +258,6 @@ def generate_with_series_attention(model: nn.Module, tokens: torch.Tensor, max_n
     Returns:
         ``(tokens (batch, prompt_len + max_new_tokens), logits (batch, max_new_tokens, vocab))``.
     """
-    from .kvcache import greedy_generate
-
     inner, cfg = model.model, model.config
     attns = [mha_from_llama(layer.self_attn, cfg).eval() for layer in inner.layers]
 
@@ -285,12 +267,12 @@ def generate_with_series_attention(model: nn.Module, tokens: torch.Tensor, max_n
         def forward(self, toks, cache=None, need_weights=False):
             x = inner.embed_tokens(toks)
             n = toks.shape[1]
-            for l, layer in enumerate(inner.layers):
+            for i, layer in enumerate(inner.layers):
                 h = layer.input_layernorm(x)
                 if cache is None:
-                    a, _ = attns[l](h, mask=causal_mask(n, device=toks.device), need_weights=False)
+                    a, _ = attns[i](h, mask=causal_mask(n, device=toks.device), need_weights=False)
                 else:
-                    a, _ = attns[l](h, cache=cache, layer_idx=l, need_weights=False)
+                    a, _ = attns[i](h, cache=cache, layer_idx=i, need_weights=False)
                 x = x + a
                 x = x + layer.mlp(layer.post_attention_layernorm(x))
             return model.lm_head(inner.norm(x))

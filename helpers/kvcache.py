@@ -25,9 +25,8 @@ the motivation) by :math:`h`.
 
 * :class:`KVCache` -- the per-layer store (like ``transformers``' ``DynamicCache``).
 * :func:`kv_cache_bytes` -- the formula above.
-* :func:`cached_self_attention` -- one decoding step of a :class:`~helpers.attention.MultiHeadAttention`
-  (the same as ``MultiHeadAttention.forward(x, cache=..., layer_idx=...)``, which asks the cache to
-  append and return the keys and values through :meth:`KVCache.update`).
+* :func:`cached_attention` -- one decoding step of a :class:`~helpers.attention.MultiHeadAttention`
+  (what ``MultiHeadAttention.forward(x, cache=..., layer_idx=...)`` runs).
 * :func:`greedy_generate` -- greedy decoding with or without the cache
   (what ``TinyTransformer.generate`` runs).
 """
@@ -37,10 +36,9 @@ from typing import Optional
 
 import torch
 
-from .attention import MultiHeadAttention
-from .tasks import _check_int
+from .validate import check_int
 
-__all__ = ["KVCache", "kv_cache_bytes", "cached_self_attention", "greedy_generate"]
+__all__ = ["KVCache", "kv_cache_bytes", "cached_attention", "greedy_generate"]
 
 
 class KVCache:
@@ -58,13 +56,14 @@ class KVCache:
     """
 
     def __init__(self, num_layers: int, max_len: Optional[int] = None) -> None:
-        self.num_layers = _check_int(num_layers, "num_layers", 1)
-        self.max_len = None if max_len is None else _check_int(max_len, "max_len", 1)
+        self.num_layers = check_int(num_layers, "num_layers")
+        self.max_len = None if max_len is None else check_int(max_len, "max_len")
         self.keys: list[Optional[torch.Tensor]] = [None] * num_layers
         self.values: list[Optional[torch.Tensor]] = [None] * num_layers
 
     def __repr__(self) -> str:
-        return f"KVCache(num_layers={self.num_layers}, seq_len={self.seq_len()}, max_len={self.max_len}, nbytes={self.nbytes()})"
+        return (f"KVCache(num_layers={self.num_layers}, seq_len={self.seq_len()}, max_len={self.max_len}, "
+                f"nbytes={self.nbytes()})")
 
     def _check_layer(self, layer_idx) -> int:
         if isinstance(layer_idx, bool) or not isinstance(layer_idx, int):
@@ -93,13 +92,15 @@ class KVCache:
                     f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}"
                 )
         if key.shape[:3] != value.shape[:3]:
-            raise ValueError(f"key and value must agree on (batch, num_kv_heads, seq), got {tuple(key.shape)} and {tuple(value.shape)}")
+            raise ValueError(f"key and value must agree on (batch, num_kv_heads, seq), got {tuple(key.shape)} and "
+                             f"{tuple(value.shape)}")
         old_k, old_v = self.keys[layer_idx], self.values[layer_idx]
         if old_k is not None:
-            if key.shape[:2] != old_k.shape[:2] or key.shape[-1] != old_k.shape[-1] or value.shape[-1] != old_v.shape[-1]:
+            if (key.shape[:2], key.shape[-1], value.shape[-1]) != (old_k.shape[:2], old_k.shape[-1], old_v.shape[-1]):
                 raise ValueError(
                     f"new keys/values must match the cached (batch, num_kv_heads, ..., head_dim) = "
-                    f"{tuple(old_k.shape[:2])} + {old_k.shape[-1]}, got key {tuple(key.shape)}, value {tuple(value.shape)}"
+                    f"{tuple(old_k.shape[:2])} + {old_k.shape[-1]}, got key {tuple(key.shape)}, "
+                    f"value {tuple(value.shape)}"
                 )
             if key.dtype != old_k.dtype or key.device != old_k.device:
                 raise ValueError(f"new keys must have the cache's dtype and device ({old_k.dtype}, {old_k.device}), "
@@ -121,11 +122,6 @@ class KVCache:
         """Bytes held by the cached keys and values (all layers)."""
         return sum(t.numel() * t.element_size() for t in self.keys + self.values if t is not None)
 
-    def reset(self) -> None:
-        """Forget every cached token."""
-        self.keys = [None] * self.num_layers
-        self.values = [None] * self.num_layers
-
 
 def kv_cache_bytes(
     num_layers: int, num_kv_heads: int, head_dim: int, seq_len: int, batch: int = 1, dtype: torch.dtype = torch.float32
@@ -138,23 +134,15 @@ def kv_cache_bytes(
     """
     for name, v, lo in (("num_layers", num_layers, 1), ("num_kv_heads", num_kv_heads, 1), ("head_dim", head_dim, 1),
                         ("seq_len", seq_len, 0), ("batch", batch, 1)):
-        _check_int(v, name, lo)
+        check_int(v, name, lo)
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__} ({dtype!r})")
     return 2 * num_layers * num_kv_heads * head_dim * seq_len * batch * torch.empty((), dtype=dtype).element_size()
 
 
-def cached_self_attention(
-    mha,
-    x: torch.Tensor,
-    cache: KVCache,
-    layer_idx: int = 0,
-    mask: Optional[torch.Tensor] = None,
-    head_mask: Optional[torch.Tensor] = None,
-    need_weights: bool = False,
-    positions=None,
-) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    r"""Causal self-attention of the new tokens ``x`` over the cached ones and themselves.
+def cached_attention(mha, x: torch.Tensor, cache, layer_idx: int = 0, mask: Optional[torch.Tensor] = None,
+                     head_mask: Optional[torch.Tensor] = None, need_weights: bool = True, positions=None):
+    r"""Causal self-attention of the new tokens ``x`` over the cached ones and themselves: one decoding step.
 
     With :math:`p` = ``cache.seq_len(layer_idx)`` tokens cached and :math:`n` new ones:
 
@@ -164,35 +152,40 @@ def cached_self_attention(
         K = [K_\text{cache}; k],\; V = [V_\text{cache}; v];\quad
         \text{out} = \operatorname{softmax}\!\Big(\frac{q K^\top}{\sqrt{d_k}} + M\Big) V\, W^O
 
-    where new query :math:`i` may see keys :math:`0 .. p+i` (:math:`M` is the last :math:`n`
-    rows of the causal mask of length :math:`p+n`). Only the new keys are rotated; the cached ones
-    were rotated when they were new.
+    where new query :math:`i` may see keys :math:`0 .. p+i` (:math:`M` is the last :math:`n` rows of the
+    causal mask of length :math:`p+n`). Only the new keys are rotated; the cached ones were rotated when
+    they were new. ``MultiHeadAttention.forward(x, cache=cache, layer_idx=l)`` runs this.
 
     Args:
-        mha: a :class:`~helpers.attention.MultiHeadAttention`.
+        mha: a :class:`~helpers.attention.MultiHeadAttention` (its projections, :meth:`rotate`, :meth:`attend`).
         x: ``(batch, n, d_model)``, the new tokens' inputs to this layer.
-        cache: the :class:`KVCache`; updated in place.
+        cache: any object with ``seq_len(layer_idx)`` and ``update(layer_idx, key, value)`` (append
+            ``(b, g, n, d_k)`` keys and values, return all of them): a :class:`KVCache`, or Hugging Face's
+            ``cache.update`` contract. Updated in place.
         layer_idx: which layer of the cache this attention owns.
-        mask: optional bool (True = allowed) or additive float mask broadcastable to
-            ``(batch, heads, n, p + n)``; default the causal mask above.
+        mask: bool (True = allowed) or additive float mask broadcastable to ``(batch, heads, n, p + n)``;
+            default the causal rows above.
         head_mask, need_weights: as in ``MultiHeadAttention.forward``.
-        positions: RoPE positions of the new tokens ``(n,)`` or ``(batch, n)``; default
-            ``p .. p+n-1``. (Passing ``0 .. n-1`` here reproduces the classic off-by-position bug.)
+        positions: RoPE positions of the new tokens ``(n,)`` or ``(batch, n)``; default ``p .. p+n-1``.
+            (Passing ``0 .. n-1`` reproduces the classic off-by-position bug.)
 
     Returns:
         ``(output (batch, n, d_model), weights (batch, heads, n, p + n) or None)``.
     """
-    if not isinstance(mha, MultiHeadAttention):
-        raise TypeError(f"mha must be a helpers.MultiHeadAttention, got {type(mha).__name__}")
-    if not isinstance(cache, KVCache):
-        raise TypeError(f"cache must be a helpers.kvcache.KVCache, got {type(cache).__name__}")
-    if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != mha.d_model:
-        raise ValueError(f"x must have shape (batch, seq, d_model={mha.d_model}), got "
-                         f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
-    # The step itself lives in the attention module, which asks the cache to append and return the keys
-    # and values (KVCache.update); the cache depends on attention, not the other way round.
-    return mha(x, mask=mask, head_mask=head_mask, need_weights=need_weights, positions=positions,
-               cache=cache, layer_idx=layer_idx)
+    if not (callable(getattr(cache, "update", None)) and callable(getattr(cache, "seq_len", None))):
+        raise TypeError("cache must be a KV cache with update(layer_idx, key, value) and seq_len(layer_idx) "
+                        f"(e.g. helpers.kvcache.KVCache), got {type(cache).__name__}")
+    past = cache.seq_len(layer_idx)  # p: the new tokens sit at positions p .. p+n-1
+    mask = mha.check_inputs(x, x, x, mask, positions, past=past)
+    n = x.shape[1]
+    q, k, v = (mha.split_heads(lin(x)) for lin in (mha.linear_q, mha.linear_k, mha.linear_v))  # (b, h or g, n, d_k)
+    if mha.rope:  # rule 1: rotate at the absolute positions, not at 0 .. n-1
+        positions = torch.arange(past, past + n, device=x.device) if positions is None else positions
+        q, k = mha.rotate(q, positions), mha.rotate(k, positions)
+    k, v = cache.update(layer_idx, k, v)  # rule 2: keys are cached after RoPE; (b, g, p + n, d_k)
+    if mask is None:  # new query i sees keys 0 .. p + i
+        mask = torch.ones(past + n, past + n, dtype=torch.bool, device=x.device).tril()[past:]  # (n, p + n)
+    return mha.attend(q, k, v, mask, head_mask, need_weights)
 
 
 @torch.no_grad()
@@ -224,7 +217,7 @@ def greedy_generate(
     if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.shape[1] < 1:
         raise ValueError(f"tokens must be a (batch, prompt_len) tensor with prompt_len >= 1, got "
                          f"{tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__}")
-    _check_int(max_new_tokens, "max_new_tokens", 0)
+    check_int(max_new_tokens, "max_new_tokens", 0)
     if not isinstance(use_cache, bool):
         raise TypeError(f"use_cache must be a bool, got {type(use_cache).__name__} ({use_cache!r})")
     out, logits = tokens, []
@@ -241,5 +234,6 @@ def greedy_generate(
         step_input = nxt
     if not return_logits:
         return out
-    vocab = logits[0].shape[-1] if logits else int(getattr(model, "vocab_size", 0))
-    return out, (torch.stack(logits, dim=1) if logits else tokens.new_zeros(tokens.shape[0], 0, vocab, dtype=torch.float32))
+    if not logits:  # max_new_tokens == 0
+        return out, tokens.new_zeros(tokens.shape[0], 0, int(getattr(model, "vocab_size", 0)), dtype=torch.float32)
+    return out, torch.stack(logits, dim=1)

@@ -27,10 +27,12 @@ from typing import Optional, Union
 import torch
 from torch import nn
 
-from .attention import MultiHeadAttention, _check_dropout, _check_positive_int, causal_mask
+from .attention import MultiHeadAttention, causal_mask
 from .kvcache import KVCache, greedy_generate
+from .validate import check_choice, check_fraction, check_int
 
-__all__ = ["POSITIONAL_ENCODINGS", "sinusoidal_encoding", "alibi_slopes", "alibi_bias", "TransformerBlock", "TinyTransformer"]
+__all__ = ["POSITIONAL_ENCODINGS", "sinusoidal_encoding", "alibi_slopes", "alibi_bias", "TransformerBlock",
+           "TinyTransformer"]
 
 POSITIONAL_ENCODINGS = ("none", "sinusoidal", "learned", "rope", "alibi")
 
@@ -54,7 +56,7 @@ def sinusoidal_encoding(positions: Union[int, torch.Tensor], d_model: int, base:
     Returns:
         Float32 tensor ``(..., d_model)`` (``(n, d_model)`` for an int).
     """
-    _check_positive_int(d_model, "d_model")
+    check_int(d_model, "d_model")
     if d_model % 2 != 0:
         raise ValueError(f"d_model must be even for the sinusoidal encoding (sin/cos pairs), got {d_model}")
     if isinstance(positions, int) and not isinstance(positions, bool):
@@ -82,7 +84,7 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
     Returns:
         float64 tensor ``(num_heads,)``, decreasing for a power of two.
     """
-    _check_positive_int(num_heads, "num_heads")
+    check_int(num_heads, "num_heads")
 
     def power_of_2(n: int) -> list[float]:
         return [2.0 ** (-8.0 * k / n) for k in range(1, n + 1)]
@@ -95,7 +97,7 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
 
 
 def alibi_bias(positions: torch.Tensor, slopes: torch.Tensor) -> torch.Tensor:
-    r"""ALiBi's causal additive attention mask: :math:`-m_h (p_i - p_j)` where key :math:`j \le i`, else :math:`-\infty`.
+    r"""ALiBi's causal additive mask: :math:`-m_h (p_i - p_j)` where key :math:`j \le i`, else :math:`-\infty`.
 
     Press et al. (2022) add this bias to the query-key scores of every layer (eq. in sec. 3:
     :math:`\operatorname{softmax}(\mathbf q_i \mathbf K^\top + m \cdot [-(i-1), \dots, -2, -1, 0])`) and use
@@ -112,12 +114,11 @@ def alibi_bias(positions: torch.Tensor, slopes: torch.Tensor) -> torch.Tensor:
         diagonal, :math:`-m_h (p_i - p_j)` below it, :math:`-\infty` above (computed in
         float64, on ``positions``' device).
     """
-    if not isinstance(positions, torch.Tensor) or positions.dim() not in (1, 2):
-        raise ValueError(f"positions must be a (seq,) or (batch, seq) tensor, got "
-                         f"{tuple(positions.shape) if isinstance(positions, torch.Tensor) else type(positions).__name__}")
-    if not isinstance(slopes, torch.Tensor) or slopes.dim() != 1:
-        raise ValueError(f"slopes must be a (heads,) tensor, got "
-                         f"{tuple(slopes.shape) if isinstance(slopes, torch.Tensor) else type(slopes).__name__}")
+    for name, t, dims, rule in (("positions", positions, (1, 2), "a (seq,) or (batch, seq)"),
+                                ("slopes", slopes, (1,), "a (heads,)")):
+        if not isinstance(t, torch.Tensor) or t.dim() not in dims:
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{name} must be {rule} tensor, got {got}")
     p = positions.to(torch.float64)
     n = p.shape[-1]
     dist = p[..., :, None] - p[..., None, :]  # (..., seq_q, seq_k): p_i - p_j
@@ -183,24 +184,22 @@ class TinyTransformer(nn.Module):
     ``tokens -> Embedding (+ position) -> Dropout -> num_layers x TransformerBlock
     -> (final LN for pre-LN) -> Linear(d_model, vocab_size) -> logits``.
 
-    Positional information (``pos``):
+    Positional information (``pos``), each in one place:
 
     * ``"none"``: nothing; a causal model can still infer position from the mask.
-    * ``"sinusoidal"``: :func:`sinusoidal_encoding` added to the embeddings (any position).
-    * ``"learned"``: an ``nn.Embedding(max_len, d_model)`` added to the embeddings; positions
+    * ``"sinusoidal"``: :func:`sinusoidal_encoding` added to the embeddings (any position; ``_embed``).
+    * ``"learned"``: an ``nn.Embedding(max_len, d_model)`` added to the embeddings (``_embed``); positions
       ``>= max_len`` raise a ``ValueError`` naming ``max_len`` (there is no row for them).
     * ``"rope"``: no additive encoding; Q and K are rotated in every layer
       (``MultiHeadAttention(rope=True)``, base ``rope_base``, layout ``rope_layout``).
-
-    * ``"alibi"``: no additive encoding; every layer adds the causal bias
-      :math:`-m_h (i - j)` to head :math:`h`'s scores (:func:`alibi_bias`, slopes
-      :func:`alibi_slopes`; Press et al. 2022). Needs ``causal=True``.
+    * ``"alibi"``: no additive encoding; every layer adds the causal bias :math:`-m_h (i - j)` to head
+      :math:`h`'s scores (:func:`alibi_bias`, slopes :func:`alibi_slopes`; Press et al. 2022;
+      ``_attention_mask``). Needs ``causal=True``.
 
     Only ``"learned"`` is limited by ``max_len``; the others evaluate at any length.
 
-    After each forward with ``need_weights=True`` (the default),
-    ``model.attention_weights`` is a list (one per layer) of detached
-    ``(batch, heads, seq, seq)`` tensors, for plots and head analysis.
+    After each forward with ``need_weights=True`` (the default), ``model.attention_weights`` is a
+    list (one per layer) of detached ``(batch, heads, seq, seq)`` tensors, for plots and head analysis.
 
     Args:
         vocab_size: number of token ids.
@@ -250,17 +249,14 @@ class TinyTransformer(nn.Module):
         super().__init__()
         for name, val in (("vocab_size", vocab_size), ("d_model", d_model), ("num_heads", num_heads),
                           ("num_layers", num_layers), ("max_len", max_len)):
-            _check_positive_int(val, name)
-        if pos not in POSITIONAL_ENCODINGS:
-            raise ValueError(f"pos must be one of {POSITIONAL_ENCODINGS}, got {pos!r}")
+            check_int(val, name)
+        check_choice(pos, "pos", POSITIONAL_ENCODINGS)
         if pos == "alibi" and not causal:
             raise ValueError("pos='alibi' needs causal=True (Press et al. define ALiBi's bias -m(i-j) for keys j <= i)")
         if pos == "sinusoidal" and d_model % 2 != 0:
             raise ValueError(f"pos='sinusoidal' needs an even d_model, got {d_model}")
-        _check_dropout(dropout, "dropout")
-        if d_ff is None:
-            d_ff = 4 * d_model
-        _check_positive_int(d_ff, "d_ff")
+        check_fraction(dropout, "dropout")
+        d_ff = check_int(4 * d_model if d_ff is None else d_ff, "d_ff")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"seed must be None or a non-negative int, got {seed!r}")
         self.vocab_size, self.d_model, self.num_heads, self.num_layers = vocab_size, d_model, num_heads, num_layers
@@ -285,38 +281,6 @@ class TinyTransformer(nn.Module):
     def extra_repr(self) -> str:
         return f"pos={self.pos!r}, causal={self.causal}, norm={self.norm!r}, max_len={self.max_len}"
 
-    # ------------------------------------------------------------------ inputs
-    def _positions(self, tokens: torch.Tensor, positions, offset) -> Optional[torch.Tensor]:
-        """Positions ``(seq,)`` or ``(batch, seq)`` (long or float), or None for the default 0..seq-1."""
-        b, n = tokens.shape
-        if isinstance(offset, bool) or not isinstance(offset, (int, float)):
-            raise TypeError(f"offset must be a number, got {type(offset).__name__} ({offset!r})")
-        if positions is None:
-            if offset == 0:
-                return None
-            positions = torch.arange(n, device=tokens.device) + offset
-        else:
-            positions = torch.as_tensor(positions, device=tokens.device)
-            if positions.shape not in ((n,), (b, n)):
-                raise ValueError(
-                    f"positions must have shape (seq,) = ({n},) or (batch, seq) = ({b}, {n}), got {tuple(positions.shape)}"
-                )
-            positions = positions + offset
-        return positions
-
-    def _check_head_mask(self, head_mask, batch: int) -> torch.Tensor:
-        L, H = self.num_layers, self.num_heads
-        if not isinstance(head_mask, torch.Tensor):
-            head_mask = torch.as_tensor(head_mask, dtype=torch.float32)
-        if head_mask.shape == (L, H) or (head_mask.dim() == 3 and head_mask.shape[1:] == (L, H)
-                                         and head_mask.shape[0] in (1, batch)):
-            return head_mask
-        raise ValueError(
-            f"head_mask must have shape (num_layers, num_heads) = ({L}, {H}) or "
-            f"(batch, num_layers, num_heads) = ({batch}, {L}, {H}), got {tuple(head_mask.shape)}"
-        )
-
-    # ------------------------------------------------------------------ forward
     def forward(
         self,
         tokens: torch.Tensor,
@@ -329,7 +293,7 @@ class TinyTransformer(nn.Module):
         r"""Logits for every position.
 
         Args:
-            tokens: ``(batch, seq)`` long token ids in ``[0, vocab_size)``.
+            tokens: ``(batch, seq)`` integer token ids in ``[0, vocab_size)``.
             head_mask: ``(num_layers, num_heads)`` or ``(batch, num_layers, num_heads)``;
                 layer ``l`` multiplies head ``h``'s output by ``head_mask[..., l, h]``
                 (0 prunes it). A float tensor with ``requires_grad=True`` yields
@@ -349,28 +313,47 @@ class TinyTransformer(nn.Module):
         Returns:
             Logits ``(batch, seq, vocab_size)``.
         """
-        self._check_tokens(tokens)
-        b, n = tokens.shape
-        if cache is not None and positions is None:  # KV-cache decoding: these tokens follow the cached ones
-            offset = offset + self._check_cache(cache)
-        pos = self._positions(tokens, positions, offset)
+        pos, head_mask = self._check_inputs(tokens, head_mask, positions, offset, cache)  # pos None: 0 .. seq-1
         x = self._embed(tokens, pos)
         x = self.drop(x)
-        mask = self._attention_mask(n, pos, cache, tokens.device)
-        hm = None if head_mask is None else self._check_head_mask(head_mask, b)
-        rope_pos = pos if self.pos == "rope" else None
+        mask = self._attention_mask(tokens.shape[1], pos, cache, tokens.device)
+        rope_pos = pos if self.pos == "rope" else None  # RoPE acts inside attention, in every layer
         weights = []
-        for l, block in enumerate(self.blocks):
-            layer_hm = None if hm is None else (hm[l] if hm.dim() == 2 else hm[:, l])
-            kv = {} if cache is None else {"cache": cache, "layer_idx": l}
-            x, w = block(x, mask=mask, head_mask=layer_hm, positions=rope_pos, need_weights=need_weights, **kv)
+        for i, block in enumerate(self.blocks):
+            layer_hm = None if head_mask is None else head_mask[..., i, :]  # (heads,) or (batch, heads)
+            x, w = block(x, mask=mask, head_mask=layer_hm, positions=rope_pos, need_weights=need_weights,
+                         cache=cache, layer_idx=i)
             if need_weights:
                 weights.append(w.detach())
         self.attention_weights = weights
         return self.head(self.ln_f(x))
 
-    def _check_tokens(self, tokens) -> None:
-        """``tokens`` must be a ``(batch, seq)`` integer tensor with ids in ``[0, vocab_size)``."""
+    # ------------------------------------------------------------------ the pieces of forward
+    def _embed(self, tokens: torch.Tensor, pos: Optional[torch.Tensor]) -> torch.Tensor:
+        """Token embeddings plus the *absolute* encodings (``learned``, ``sinusoidal``); RoPE and ALiBi
+        act inside attention instead. ``pos``: the positions, or None for ``0 .. seq-1``."""
+        x = self.tok_emb(tokens)  # (batch, seq, d_model)
+        if self.pos in ("learned", "sinusoidal"):
+            p = torch.arange(tokens.shape[1], device=tokens.device) if pos is None else pos
+            if self.pos == "learned":
+                x = x + self.pos_emb(p.long())  # row p of the table
+            else:
+                x = x + sinusoidal_encoding(p, self.d_model).to(device=x.device, dtype=x.dtype)
+        return x
+
+    def _attention_mask(self, n: int, pos: Optional[torch.Tensor], cache, device) -> Optional[torch.Tensor]:
+        """The mask every block uses: causal (or none for an encoder); with ALiBi the causal mask plus the
+        linear distance penalty, an additive bias ``(heads, n, n)`` or ``(batch, heads, n, n)``; None when
+        decoding with a cache (the decoding step masks cached + new keys itself)."""
+        if cache is not None:
+            return None
+        if self.pos == "alibi":
+            return alibi_bias(torch.arange(n, device=device) if pos is None else pos, alibi_slopes(self.num_heads))
+        return causal_mask(n, device=device) if self.causal else None
+
+    # ------------------------------------------------------------------ argument checks, once per call
+    def _check_inputs(self, tokens, head_mask, positions, offset, cache):
+        """Check forward's arguments; return the positions (None for ``0 .. seq-1``) and the head mask."""
         if not isinstance(tokens, torch.Tensor):
             raise TypeError(f"tokens must be a torch.Tensor of token ids, got {type(tokens).__name__}")
         if tokens.dim() != 2:
@@ -378,49 +361,45 @@ class TinyTransformer(nn.Module):
         if tokens.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
             raise TypeError(f"tokens must be an integer tensor, got dtype {tokens.dtype}")
         if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
-            raise ValueError(
-                f"tokens must be in [0, vocab_size={self.vocab_size}), got values in "
-                f"[{int(tokens.min())}, {int(tokens.max())}]"
-            )
-
-    def _embed(self, tokens: torch.Tensor, pos: Optional[torch.Tensor]) -> torch.Tensor:
-        """Token embeddings plus the *absolute* encodings (``learned``, ``sinusoidal``); RoPE and ALiBi
-        act inside attention instead. ``pos``: the positions, or None for ``0 .. seq-1``."""
-        n = tokens.shape[1]
-        x = self.tok_emb(tokens)
-        if self.pos == "learned":
-            p = pos if pos is not None else torch.arange(n, device=tokens.device)
+            raise ValueError(f"tokens must be in [0, vocab_size={self.vocab_size}), got values in "
+                             f"[{int(tokens.min())}, {int(tokens.max())}]")
+        if isinstance(offset, bool) or not isinstance(offset, (int, float)):
+            raise TypeError(f"offset must be a number, got {type(offset).__name__} ({offset!r})")
+        b, n = tokens.shape
+        if cache is not None:
+            past = self._check_cache(cache)
+            if positions is None:  # KV-cache decoding: these tokens follow the cached ones
+                offset = offset + past
+        if positions is None:
+            pos = None if offset == 0 else torch.arange(n, device=tokens.device) + offset
+        else:
+            pos = torch.as_tensor(positions, device=tokens.device)
+            if pos.shape not in ((n,), (b, n)):
+                raise ValueError(f"positions must have shape (seq,) = ({n},) or (batch, seq) = ({b}, {n}), "
+                                 f"got {tuple(pos.shape)}")
+            pos = pos + offset
+        if self.pos == "learned":  # a table lookup: integer positions 0 .. max_len-1
+            p = torch.arange(n, device=tokens.device) if pos is None else pos
             if p.is_floating_point() and not bool((p == p.round()).all()):
                 raise ValueError("pos='learned' needs integer positions (a table lookup), got fractional positions")
-            p = p.long()
             if p.numel() and (int(p.min()) < 0 or int(p.max()) >= self.max_len):
                 raise ValueError(
-                    f"pos='learned' has a table for positions 0 .. max_len-1 = {self.max_len - 1} (max_len={self.max_len}); "
-                    f"got positions in [{int(p.min())}, {int(p.max())}] (seq={n}). Use pos='sinusoidal', 'rope' or "
-                    f"'none' to evaluate beyond max_len."
+                    f"pos='learned' has a table for positions 0 .. max_len-1 = {self.max_len - 1} "
+                    f"(max_len={self.max_len}); got positions in [{int(p.min())}, {int(p.max())}] (seq={n}). "
+                    f"Use pos='sinusoidal', 'rope' or 'none' to evaluate beyond max_len."
                 )
-            x = x + self.pos_emb(p)
-        elif self.pos == "sinusoidal":
-            p = pos if pos is not None else torch.arange(n, device=tokens.device)
-            x = x + sinusoidal_encoding(p, self.d_model).to(device=x.device, dtype=x.dtype)
-        return x
+        if head_mask is not None:
+            L, H = self.num_layers, self.num_heads
+            if not isinstance(head_mask, torch.Tensor):
+                head_mask = torch.as_tensor(head_mask, dtype=torch.float32)
+            if head_mask.shape != (L, H) and not (head_mask.dim() == 3 and head_mask.shape[1:] == (L, H)
+                                                  and head_mask.shape[0] in (1, b)):
+                raise ValueError(f"head_mask must have shape (num_layers, num_heads) = ({L}, {H}) or "
+                                 f"(batch, num_layers, num_heads) = ({b}, {L}, {H}), got {tuple(head_mask.shape)}")
+        return pos, head_mask
 
-    def _attention_mask(self, n: int, pos: Optional[torch.Tensor], cache, device) -> Optional[torch.Tensor]:
-        """The mask every block uses: causal (or none for an encoder); with ALiBi, the causal mask plus the
-        linear distance penalty as an additive bias ``(heads, n, n)`` or ``(batch, heads, n, n)``; None when
-        decoding with a cache (the attention's decoding step masks cached + new keys itself)."""
-        mask = causal_mask(n, device=device) if self.causal else None
-        if self.pos == "alibi":
-            p = pos if pos is not None else torch.arange(n, device=device)
-            mask = alibi_bias(p, alibi_slopes(self.num_heads))
-        if cache is not None:
-            self._check_cache(cache)
-            mask = None
-        return mask
-
-    # ------------------------------------------------------------------ decoding (notebook 07 §6)
     def _check_cache(self, cache) -> int:
-        """Validate a KV cache for this model; return how many tokens it holds."""
+        """Check a KV cache for this model; return how many tokens it holds."""
         if not isinstance(cache, KVCache):
             raise TypeError(f"cache must be a helpers.kvcache.KVCache, got {type(cache).__name__}")
         if not self.causal:
@@ -431,6 +410,7 @@ class TinyTransformer(nn.Module):
             raise ValueError(f"cache must have num_layers={self.num_layers} layers, got {cache.num_layers}")
         return cache.seq_len(0)
 
+    # ------------------------------------------------------------------ decoding (notebook 07 §6)
     def generate(self, tokens: torch.Tensor, max_new_tokens: int, use_cache: bool = True,
                  return_logits: bool = False):
         r"""Greedy decoding (:func:`helpers.kvcache.greedy_generate`): ``max_new_tokens`` times,

@@ -37,8 +37,7 @@ import nbformat
 
 __all__ = [
     "WIDGET_VIEW", "WIDGET_STATE", "STATIC_PICTURES", "REGENERATE",
-    "WidgetView", "FinalizeReport", "widget_views", "saved_state", "finalize", "problems",
-    "finalize_file", "main",
+    "WidgetView", "FinalizeReport", "widget_views", "saved_state", "finalize", "problems", "main",
 ]
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -197,21 +196,6 @@ def problems(nb: nbformat.NotebookNode) -> list[str]:
     return found
 
 
-def finalize_file(path: str | Path) -> FinalizeReport:
-    """:func:`finalize` the notebook at ``path`` and write it back (only when something changed)."""
-    p = Path(path)
-    if p.suffix != ".ipynb":
-        raise ValueError(f"path must name a .ipynb notebook; got {str(path)!r}")
-    if not p.is_file():
-        raise ValueError(f"path must name an existing notebook file; {str(path)!r} does not exist")
-    nb = nbformat.read(p, as_version=4)
-    report = finalize(nb)
-    if report.changed:
-        nbformat.validate(nb)
-        nbformat.write(nb, p)
-    return report
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m helpers.notebook_tools",
@@ -226,12 +210,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     status = 0
     for path in args.paths:
         try:
+            if args.command == "finalize" and Path(path).suffix != ".ipynb":
+                raise ValueError(f"path must name a .ipynb notebook; got {path!r}")
+            if not Path(path).is_file():
+                raise ValueError(f"path must name an existing notebook file; {path!r} does not exist")
+            nb = nbformat.read(path, as_version=4)
             if args.command == "finalize":
-                print(f"{path}: {finalize_file(path)}")
+                report = finalize(nb)
+                if report.changed:  # written back only when something changed
+                    nbformat.validate(nb)
+                    nbformat.write(nb, path)
+                print(f"{path}: {report}")
             else:
-                if not Path(path).is_file():
-                    raise ValueError(f"path must name an existing notebook file; {path!r} does not exist")
-                found = problems(nbformat.read(path, as_version=4))
+                found = problems(nb)
                 print(f"{path}: " + ("ok" if not found else "\n  " + "\n  ".join(found)))
                 status |= bool(found)
         except (ValueError, TypeError, OSError) as err:

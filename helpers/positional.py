@@ -10,9 +10,6 @@ Taught in ``notebooks/06_positional_encodings_compared.ipynb``, which trains one
 
 What is here:
 
-* :class:`PairRecallTask` -- associative recall with each key-value pair in *one* token:
-  a content task that one layer solves without any position information (defined in
-  :mod:`helpers.tasks`, re-exported here).
 * :func:`rope_attention_modules`, :func:`use_rope_base` -- find the RoPE attention modules
   of a model and temporarily change their base (NTK-aware scaling, bloc97 2023, with
   :func:`helpers.rope.ntk_scaled_base`).
@@ -29,8 +26,6 @@ What is here:
   2023): :math:`m \mapsto m / s`, passed to ``model(tokens, positions=...)``.
 * :func:`accuracy_by_position` -- accuracy at each position of the sequence (where
   extrapolation starts to fail).
-* :func:`steps_to_accuracy` -- the first evaluation step at which a training run reached a
-  target accuracy (from :attr:`helpers.train.TrainResult.history`).
 * :func:`relative_position_bucket`, :func:`t5_bias`, :class:`T5BiasTransformer` -- T5's
   bucketed relative position bias (Raffel et al. 2020): one learned scalar per (bucket, head)
   added to the scores, distances 0 .. ``num_buckets//2 - 1`` in buckets of their own, longer
@@ -57,14 +52,13 @@ import torch
 from torch import nn
 
 from .attention import MultiHeadAttention
-from .model import TinyTransformer
 from .heads import attention_at_offset
-from .rope import _check_base
-from .tasks import IGNORE_INDEX, PairRecallTask  # PairRecallTask lives in helpers.tasks; re-exported here
+from .model import TinyTransformer
+from .tasks import IGNORE_INDEX
 from .train import evaluate
+from .validate import check_number
 
 __all__ = [
-    "PairRecallTask",
     "rope_attention_modules",
     "use_rope_base",
     "init_position_table_",
@@ -72,7 +66,6 @@ __all__ = [
     "shift_angles",
     "interpolated_positions",
     "accuracy_by_position",
-    "steps_to_accuracy",
     "ShiftLengthGrid",
     "shift_length_grid",
     "relative_position_bucket",
@@ -116,7 +109,7 @@ def use_rope_base(model: nn.Module, base: float) -> Iterator[nn.Module]:
         with use_rope_base(model, ntk_scaled_base(10000.0, 2.0, model.d_model // model.num_heads)):
             loss, acc = evaluate(model, long_data)
     """
-    base = _check_base(base)
+    base = check_number(base, "base")
     mods = rope_attention_modules(model)
     old = [m.rope_base for m in mods]
     for m in mods:
@@ -183,8 +176,7 @@ def interpolated_positions(seq_len: int, scale: float) -> torch.Tensor:
     """
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
         raise ValueError(f"seq_len must be an int >= 1, got {seq_len!r}")
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale must be a finite number > 0 (L'/L), got {scale!r}")
+    scale = check_number(scale, "scale", "a finite number > 0 (L'/L)")
     return torch.arange(seq_len, dtype=torch.float64).div(scale).to(torch.float32)
 
 
@@ -236,7 +228,7 @@ def shift_angles(offset: float, d_model: int, base: float = 10000.0) -> torch.Te
         raise ValueError(f"offset must be a finite number, got {offset!r}")
     if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 2 or d_model % 2:
         raise ValueError(f"d_model must be an even int >= 2, got {d_model!r}")
-    base = _check_base(base)
+    base = check_number(base, "base")
     omega = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
     a = torch.remainder(offset * omega + math.pi, 2 * math.pi) - math.pi  # [-pi, pi)
     return torch.where(a == -math.pi, torch.full_like(a, math.pi), a)
@@ -274,21 +266,6 @@ def accuracy_by_position(model: nn.Module, data: Data, **forward_kwargs) -> torc
     n = scored.sum(0).double()
     correct = ((pred == y) & scored).sum(0).double()
     return torch.where(n > 0, correct / n.clamp_min(1), torch.full_like(n, float("nan")))
-
-
-def steps_to_accuracy(history: Sequence[tuple[int, float, float]], target: float) -> Optional[int]:
-    """The first step in ``history`` (``(step, val_loss, val_acc)`` triples, as in
-    :attr:`helpers.train.TrainResult.history`) whose validation accuracy is >= ``target``;
-    ``None`` if never reached (the resolution is ``eval_every`` steps).
-    """
-    if isinstance(target, bool) or not isinstance(target, (int, float)) or not (0 <= target <= 1):
-        raise ValueError(f"target must be an accuracy in [0, 1], got {target!r}")
-    for entry in history:
-        if len(entry) != 3:
-            raise ValueError(f"history must hold (step, val_loss, val_acc) triples, got {entry!r}")
-        if entry[2] >= target:
-            return int(entry[0])
-    return None
 
 
 # ------------------------------------------------------------- the explorer's grid

@@ -28,6 +28,8 @@ from typing import Iterable, Optional
 import torch
 import torch.nn.functional as F
 
+from .validate import check_choice, check_fraction
+
 __all__ = [
     "CONVENTIONS",
     "dropout",
@@ -44,20 +46,6 @@ __all__ = [
 
 CONVENTIONS = ("uniform", "others")
 REDUCTIONS = ("mean", "sum", "none")
-
-
-def _check_prob(value: float, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} ({value!r})")
-    if not (0.0 <= value < 1.0):
-        raise ValueError(f"{name} must be in [0, 1), got {value}")
-    return float(value)
-
-
-def _check_convention(convention: str) -> str:
-    if convention not in CONVENTIONS:
-        raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
-    return convention
 
 
 def _check_num_classes(num_classes: int) -> int:
@@ -87,7 +75,7 @@ def dropout(
     Returns:
         Tensor of the shape, dtype and device of ``x``.
     """
-    p = _check_prob(p, "p")
+    p = check_fraction(p, "p")
     if not training or p == 0.0:
         return x
     keep = torch.rand(x.shape, generator=generator, device=x.device, dtype=torch.float32) >= p
@@ -124,8 +112,8 @@ def smooth_labels(
         tensor ``(..., num_classes)`` of ``dtype``; every row sums to 1.
     """
     num_classes = _check_num_classes(num_classes)
-    eps = _check_prob(eps, "eps")
-    _check_convention(convention)
+    eps = check_fraction(eps, "eps")
+    check_choice(convention, "convention", CONVENTIONS)
     _check_target(target, num_classes)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
@@ -139,7 +127,7 @@ def uniform_eps_from_others(eps: float, num_classes: int) -> float:
     r"""The :math:`\varepsilon'` with ``smooth_labels(.., eps', "uniform") == smooth_labels(.., eps, "others")``:
     :math:`\varepsilon' = \varepsilon K/(K-1)` (then :math:`\varepsilon'/K = \varepsilon/(K-1)`)."""
     num_classes = _check_num_classes(num_classes)
-    eps = _check_prob(eps, "eps")
+    eps = check_fraction(eps, "eps")
     return eps * num_classes / (num_classes - 1)
 
 
@@ -168,10 +156,9 @@ def label_smoothing_cross_entropy(
     Returns:
         A scalar (``"mean"``, ``"sum"``) or the per-position losses (``"none"``, 0 where ignored).
     """
-    eps = _check_prob(eps, "eps")
-    _check_convention(convention)
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    eps = check_fraction(eps, "eps")
+    check_choice(convention, "convention", CONVENTIONS)
+    check_choice(reduction, "reduction", REDUCTIONS)
     if logits.dim() < 2:
         raise ValueError(f"logits must have shape (N, K) or (N, K, d1, ...), got {tuple(logits.shape)}")
     expected = logits.shape[:1] + logits.shape[2:]
@@ -197,8 +184,8 @@ def smoothed_target_entropy(eps: float, num_classes: int, convention: str = "uni
     r"""The loss floor: :math:`H(q) = -\sum_k q_k\log q_k`, the smallest possible cross-entropy
     against the smoothed target (reached when the model's softmax equals :math:`q`). 0 for ε = 0."""
     K = _check_num_classes(num_classes)
-    eps = _check_prob(eps, "eps")
-    _check_convention(convention)
+    eps = check_fraction(eps, "eps")
+    check_choice(convention, "convention", CONVENTIONS)
     if eps == 0.0:
         return 0.0
     if convention == "uniform":
@@ -218,8 +205,8 @@ def optimal_logit_gap(eps: float, num_classes: int, convention: str = "uniform")
     Without smoothing (ε = 0) there is no finite optimum: ``inf``.
     """
     K = _check_num_classes(num_classes)
-    eps = _check_prob(eps, "eps")
-    _check_convention(convention)
+    eps = check_fraction(eps, "eps")
+    check_choice(convention, "convention", CONVENTIONS)
     if eps == 0.0:
         return math.inf
     if convention == "others":

@@ -25,6 +25,8 @@ Tasks (the relation an attention head must implement):
   task token at position 0 and right-padded.
 * :class:`TwoPositionTask` -- emit the ordered pair ``(x[t-a], x[t-b])``: two positions
   read at once (notebook 05: one head vs several heads at equal size).
+* :class:`PairRecallTask` -- recall with each key-value pair in one token: a content task that
+  one layer solves without positions (notebook 06).
 
 Randomness comes only from an explicit ``torch.Generator`` seeded with ``seed``: the
 same seed gives the same tensors on every machine.
@@ -36,6 +38,8 @@ from typing import Sequence
 
 import torch
 
+from .validate import check_choice, check_int
+
 __all__ = [
     "IGNORE_INDEX",
     "Task",
@@ -46,19 +50,11 @@ __all__ = [
     "MixedTask",
     "make_task",
     "accuracy",
-    "sequence_accuracy",
     "TwoPositionTask",
+    "PairRecallTask",
 ]
 
 IGNORE_INDEX = -100
-
-
-def _check_int(n, name: str, minimum: int) -> int:
-    if isinstance(n, bool) or not isinstance(n, int):
-        raise TypeError(f"{name} must be an int, got {type(n).__name__} ({n!r})")
-    if n < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {n}")
-    return n
 
 
 def _check_logits_targets(logits: torch.Tensor, targets: torch.Tensor) -> None:
@@ -90,16 +86,6 @@ def accuracy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = IG
         return float("nan")
     correct = (logits.argmax(-1) == targets) & scored
     return int(correct.sum()) / n
-
-
-def sequence_accuracy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> float:
-    """Fraction of sequences (rows of ``(batch, seq)``) whose scored positions are *all* right."""
-    _check_logits_targets(logits, targets)
-    if targets.dim() != 2:
-        raise ValueError(f"targets must have shape (batch, seq), got {tuple(targets.shape)}")
-    scored = targets != ignore_index
-    ok = ((logits.argmax(-1) == targets) | ~scored).all(dim=1)
-    return float(ok.float().mean()) if ok.numel() else float("nan")
 
 
 @dataclass(frozen=True)
@@ -139,16 +125,16 @@ class Task:
 
     def make(self, n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """``n`` examples from ``torch.Generator().manual_seed(seed)``: ``(inputs, targets)`` ``(n, seq_len)``."""
-        _check_int(n, "n", 0)
-        _check_int(seed, "seed", 0)
+        check_int(n, "n", 0)
+        check_int(seed, "seed", 0)
         g = torch.Generator().manual_seed(seed)
         return self._generate(n, g)
 
     def split(self, n_train: int, n_val: int, seed: int = 0) -> Split:
         """Train and validation sets from one seeded stream; validation rows that repeat a training row are redrawn."""
-        _check_int(n_train, "n_train", 1)
-        _check_int(n_val, "n_val", 0)
-        _check_int(seed, "seed", 0)
+        check_int(n_train, "n_train", 1)
+        check_int(n_val, "n_val", 0)
+        check_int(seed, "seed", 0)
         g = torch.Generator().manual_seed(seed)
         x_tr, y_tr = self._generate(n_train, g)
         seen = {tuple(row) for row in x_tr.tolist()}
@@ -211,8 +197,8 @@ class CopyTask(Task):
     """
 
     def __init__(self, num_symbols: int = 8, length: int = 8, reverse: bool = False) -> None:
-        self.num_symbols = _check_int(num_symbols, "num_symbols", 2)
-        self.length = _check_int(length, "length", 1)
+        self.num_symbols = check_int(num_symbols, "num_symbols", 2)
+        self.length = check_int(length, "length", 1)
         self.reverse = bool(reverse)
         self.name = "reverse" if reverse else "copy"
         self.sep = num_symbols
@@ -241,9 +227,9 @@ class LookbackTask(Task):
     """
 
     def __init__(self, num_symbols: int = 8, seq_len: int = 16, k: int = 3) -> None:
-        self.num_symbols = _check_int(num_symbols, "num_symbols", 2)
-        self.seq_len = _check_int(seq_len, "seq_len", 2)
-        self.k = _check_int(k, "k", 0)
+        self.num_symbols = check_int(num_symbols, "num_symbols", 2)
+        self.seq_len = check_int(seq_len, "seq_len", 2)
+        self.k = check_int(k, "k", 0)
         if k >= seq_len:
             raise ValueError(f"k must be < seq_len (something must be scored), got k={k}, seq_len={seq_len}")
         self.name = f"lookback{k}"
@@ -271,10 +257,10 @@ class AssociativeRecallTask(Task):
     """
 
     def __init__(self, num_keys: int = 8, num_values: int = 8, num_pairs: int = 4, num_queries: int = 4) -> None:
-        self.num_keys = _check_int(num_keys, "num_keys", 1)
-        self.num_values = _check_int(num_values, "num_values", 2)
-        self.num_pairs = _check_int(num_pairs, "num_pairs", 1)
-        self.num_queries = _check_int(num_queries, "num_queries", 1)
+        self.num_keys = check_int(num_keys, "num_keys", 1)
+        self.num_values = check_int(num_values, "num_values", 2)
+        self.num_pairs = check_int(num_pairs, "num_pairs", 1)
+        self.num_queries = check_int(num_queries, "num_queries", 1)
         if num_pairs > num_keys:
             raise ValueError(f"num_pairs must be <= num_keys (keys are distinct), got num_pairs={num_pairs}, num_keys={num_keys}")
         self.name = "recall"
@@ -360,6 +346,7 @@ def make_task(name: str, **kwargs) -> Task:
     ``kwargs`` go to the constructor (``"reverse"`` is ``CopyTask(reverse=True)``;
     ``"mixed"`` defaults to ``MixedTask([LookbackTask(k=2, seq_len=15), AssociativeRecallTask()])``).
     """
+    check_choice(name, "name", ("copy", "reverse", "lookback", "recall", "mixed"))
     if name == "copy":
         return CopyTask(**kwargs)
     if name == "reverse":
@@ -368,10 +355,8 @@ def make_task(name: str, **kwargs) -> Task:
         return LookbackTask(**kwargs)
     if name == "recall":
         return AssociativeRecallTask(**kwargs)
-    if name == "mixed":
-        tasks = kwargs.pop("tasks", None) or [LookbackTask(seq_len=15, k=2), AssociativeRecallTask()]
-        return MixedTask(tasks, **kwargs)
-    raise ValueError(f"name must be one of ('copy', 'reverse', 'lookback', 'recall', 'mixed'), got {name!r}")
+    tasks = kwargs.pop("tasks", None) or [LookbackTask(seq_len=15, k=2), AssociativeRecallTask()]  # "mixed"
+    return MixedTask(tasks, **kwargs)
 
 
 class TwoPositionTask(Task):
@@ -387,13 +372,11 @@ class TwoPositionTask(Task):
     two heads can each copy one of them into their own subspace, while one head produces
     one convex mixture :math:`w_a v(x_{t-a}) + w_b v(x_{t-b}) + \dots` from which the order
     must be decoded (notebook 05, sec. 5).
-
-    Moved here from :mod:`helpers.heads` (which still re-exports it).
     """
 
     def __init__(self, num_symbols: int = 8, seq_len: int = 12, offsets: tuple[int, int] = (1, 3)) -> None:
-        self.num_symbols = _check_int(num_symbols, "num_symbols", 2)
-        self.seq_len = _check_int(seq_len, "seq_len", 2)
+        self.num_symbols = check_int(num_symbols, "num_symbols", 2)
+        self.seq_len = check_int(seq_len, "seq_len", 2)
         if (not isinstance(offsets, (tuple, list)) or len(offsets) != 2
                 or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
             raise TypeError(f"offsets must be a pair of ints (a, b), got {offsets!r}")
@@ -462,6 +445,3 @@ class PairRecallTask(AssociativeRecallTask):
         targets = torch.full_like(inputs, IGNORE_INDEX)
         targets[:, m:] = K * V + K + answers
         return inputs, targets
-
-
-__all__ += ["PairRecallTask"]

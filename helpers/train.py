@@ -38,19 +38,19 @@ from torch import nn
 
 from .tasks import IGNORE_INDEX, Split, Task, accuracy
 
-__all__ = ["TrainResult", "cross_entropy_loss", "evaluate", "train"]
+__all__ = ["TrainResult", "cross_entropy_loss", "evaluate", "train", "model_device", "to_device"]
 
 Data = tuple[torch.Tensor, torch.Tensor]
 
 
-def _model_device(model: nn.Module) -> torch.device:
+def model_device(model: nn.Module) -> torch.device:
     """The device of ``model``'s first parameter; the CPU for a model without parameters."""
     for p in model.parameters():
         return p.device
     return torch.device("cpu")
 
 
-def _to_device(batch: tuple[torch.Tensor, ...], device: torch.device) -> tuple[torch.Tensor, ...]:
+def to_device(batch: tuple[torch.Tensor, ...], device: torch.device) -> tuple[torch.Tensor, ...]:
     """Each tensor of ``batch`` on ``device`` (no copy for those already there)."""
     return tuple(t.to(device) for t in batch)
 
@@ -104,12 +104,6 @@ class TrainResult:
     history: list[tuple[int, float, float]] = field(default_factory=list)
     seconds: float = 0.0
 
-    @property
-    def metrics(self) -> dict[str, float]:
-        """The final metrics as a dict."""
-        return {"train_loss": self.train_loss, "train_acc": self.train_acc,
-                "val_loss": self.val_loss, "val_acc": self.val_acc}
-
     def summary(self) -> str:
         """One deterministic line: steps, last loss and the final metrics, rounded."""
         return (f"steps {self.steps}  loss {self.losses[-1]:.4f}  train acc {self.train_acc:.3f}  "
@@ -138,12 +132,12 @@ def evaluate(
     if len(x) == 0:
         return float("nan"), float("nan")
     was_training = model.training
-    device = _model_device(model)
+    device = model_device(model)
     model.eval()
     try:
         total_loss, total_correct, total_n = 0.0, 0, 0
         for i in range(0, len(x), batch_size):
-            xb, yb = _to_device((x[i : i + batch_size], y[i : i + batch_size]), device)
+            xb, yb = to_device((x[i : i + batch_size], y[i : i + batch_size]), device)
             logits = model(xb, **forward_kwargs)
             n = int((yb != IGNORE_INDEX).sum())
             if n == 0:
@@ -262,7 +256,7 @@ def train(
     opt = optimizer(params) if optimizer is not None else torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
 
     g = torch.Generator().manual_seed(seed)
-    device = _model_device(model)
+    device = model_device(model)
     rng_devices, rng_type = _rng_devices(device)
     losses: list[float] = []
     history: list[tuple[int, float, float]] = []
@@ -280,7 +274,7 @@ def train(
                 perm, pos = torch.randperm(n, generator=g), 0
             idx = perm[pos : pos + batch_size]
             pos += batch_size
-            xb, yb = _to_device((x[idx], y[idx]), device)
+            xb, yb = to_device((x[idx], y[idx]), device)
             logits = model(xb, **fkw)
             loss = loss_fn(logits, yb)
             if penalty is not None:

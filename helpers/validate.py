@@ -12,7 +12,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 __all__ = [
-    "check_int", "check_number", "check_fraction", "check_choice", "check_tensor",
+    "check_int", "check_number", "check_fraction", "check_choice", "check_tensor", "check_even",
 ]
 
 
@@ -63,3 +63,12 @@ def check_tensor(
     if min_dim is not None and x.dim() < min_dim:
         raise ValueError(f"{name} must have at least {min_dim} dimensions, got shape {tuple(x.shape)}")
     return x
+
+
+def check_even(n: Any, name: str, why: str = "") -> int:
+    """``n`` is an even ``int`` >= 2 (a dimension split into pairs); ``why``, if given, says why in the error."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"{name} must be an int, got {type(n).__name__} ({n!r})")
+    if n < 2 or n % 2:
+        raise ValueError(f"{name} must be {'>= 2' if n < 2 else 'even'}{f' ({why})' if why else ''}, got {n}")
+    return n

@@ -403,7 +403,8 @@ def test_mha_errors():
         MultiHeadAttention(8, 2, rope=True, rope_base=0)
     mha = MultiHeadAttention(8, 2)
     x = _randn(2, 3, 8)
-    with pytest.raises(ValueError, match=r"mask of shape \(4, 4\) is not broadcastable to the attention scores of shape \(\.\.\., seq_q, seq_k\) = \(2, 2, 3, 3\)"):
+    with pytest.raises(ValueError, match=r"mask of shape \(4, 4\) is not broadcastable to the attention scores of "
+                                         r"shape \(\.\.\., seq_q, seq_k\) = \(2, 2, 3, 3\)"):
         mha(x, mask=causal_mask(4))
     with pytest.raises(ValueError, match=r"head_mask must have shape \(num_heads,\) = \(2,\) or \(batch, num_heads\) = \(2, 2\), got \(3,\)"):
         mha(x, head_mask=torch.ones(3))

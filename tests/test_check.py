@@ -2,16 +2,22 @@
 (helpers.practice.mha): passes the solution, names each planted bug, reports exceptions without raising."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
 
-import math
-
 from helpers.attention import MultiHeadAttention
 from helpers.practice.engine import CheckResult, PlantedMistake, Reject, TestInput, diagnose
 from helpers.practice.mha import (
-    BUG_MESSAGES, PLANTED_BUGS, SCAFFOLD, MHACheck, NotesMHA, check_mha, planted_bug_symptoms,
+    BUG_MESSAGES,
+    PLANTED_BUGS,
+    SCAFFOLD,
+    MHACheck,
+    NotesMHA,
+    check_mha,
+    planted_bug_symptoms,
 )
 
 

@@ -14,30 +14,66 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers.practice.engine import CheckResult, TestInput, diagnose, mistake_symptoms
-from helpers.practice.rope import (
-    ROPE_ADVICE, ROPE_HALF_MISTAKES, ROPE_INTERLEAVED_MISTAKES, ROTATION_MATRIX_ADVICE, ROTATION_MATRIX_MISTAKES,
-    _ROPE_VARIANTS, check_rope_half, check_rope_interleaved, check_rotation_matrix, rope_half_solution,
-    rope_interleaved_solution, rotation_matrix_solution,
-)
 from helpers.practice.attention import (
-    SDPA_ADVICE, SDPA_MISTAKES, _SDPA_VARIANTS, _sdpa_inputs, _sdpa_reference, causal_sdpa_solution, check_causal_sdpa,
+    _SDPA_VARIANTS,
+    SDPA_ADVICE,
+    SDPA_MISTAKES,
+    _sdpa_inputs,
+    _sdpa_reference,
+    causal_sdpa_solution,
+    check_causal_sdpa,
 )
-from helpers.practice.regularization import (
-    DROPOUT_ADVICE, DROPOUT_MISTAKES, LABEL_SMOOTHING_ADVICE, LABEL_SMOOTHING_MISTAKES, LABEL_SMOOTHING_SOLUTIONS,
-    _DROPOUT_VARIANTS, _ls_inputs, check_dropout, check_label_smoothing, dropout_solution,
-)
+from helpers.practice.engine import CheckResult, TestInput, diagnose, mistake_symptoms
 from helpers.practice.heads import (
-    HEAD_IMPORTANCE_ADVICE, HEAD_IMPORTANCE_MISTAKES, _HEAD_IMPORTANCE_VARIANTS, check_head_importance,
+    _HEAD_IMPORTANCE_VARIANTS,
+    HEAD_IMPORTANCE_ADVICE,
+    HEAD_IMPORTANCE_MISTAKES,
+    check_head_importance,
     head_importance_solution,
 )
-from helpers.practice.positional import (
-    ALIBI_SLOPES_ADVICE, ALIBI_SLOPES_MISTAKES, SINUSOIDAL_ADVICE, SINUSOIDAL_MISTAKES, alibi_slopes_solution,
-    check_alibi_slopes, check_sinusoidal, sinusoidal_solution,
-)
 from helpers.practice.kvcache import (
-    KV_DECODE_ADVICE, KV_DECODE_MISTAKES, _kv_inputs, _kv_reference, check_kv_decode_step, kv_decode_step_solution,
+    KV_DECODE_ADVICE,
+    KV_DECODE_MISTAKES,
+    _kv_reference,
+    check_kv_decode_step,
+    kv_decode_step_solution,
     kv_step_inputs,
+)
+from helpers.practice.positional import (
+    ALIBI_SLOPES_ADVICE,
+    ALIBI_SLOPES_MISTAKES,
+    SINUSOIDAL_ADVICE,
+    SINUSOIDAL_MISTAKES,
+    alibi_slopes_solution,
+    check_alibi_slopes,
+    check_sinusoidal,
+    sinusoidal_solution,
+)
+from helpers.practice.regularization import (
+    _DROPOUT_VARIANTS,
+    DROPOUT_ADVICE,
+    DROPOUT_MISTAKES,
+    LABEL_SMOOTHING_ADVICE,
+    LABEL_SMOOTHING_MISTAKES,
+    LABEL_SMOOTHING_SOLUTIONS,
+    _ls_inputs,
+    check_dropout,
+    check_label_smoothing,
+    dropout_solution,
+)
+from helpers.practice.rope import (
+    _ROPE_VARIANTS,
+    ROPE_ADVICE,
+    ROPE_HALF_MISTAKES,
+    ROPE_INTERLEAVED_MISTAKES,
+    ROTATION_MATRIX_ADVICE,
+    ROTATION_MATRIX_MISTAKES,
+    check_rope_half,
+    check_rope_interleaved,
+    check_rotation_matrix,
+    rope_half_solution,
+    rope_interleaved_solution,
+    rotation_matrix_solution,
 )
 from helpers.regularization import dropout, label_smoothing_cross_entropy
 from helpers.rope import apply_rope, rotation_matrix
@@ -218,7 +254,9 @@ def test_sdpa_reference_equals_torch():
         q, k, v, causal = t.args
         torch.testing.assert_close(_sdpa_reference(q, k, v, causal),
                                    F.scaled_dot_product_attention(q, k, v, is_causal=causal))
-    torch_sdpa = lambda q, k, v, causal=False: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    def torch_sdpa(q, k, v, causal=False):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
     assert check_causal_sdpa(torch_sdpa).passed
 
 
@@ -404,8 +442,12 @@ def test_head_importance_per_example_gate_with_summed_loss():
 
 
 def test_per_input_tolerance_of_the_engine():
-    ref = lambda x: x
-    off = lambda x: x + 0.01
+    def ref(x):
+        return x
+
+    def off(x):
+        return x + 0.01
+
     loose = [TestInput("loose", (torch.zeros(3),), atol=0.1)]
     tight = [TestInput("tight", (torch.zeros(3),))]
     assert diagnose(off, ref, [], loose).passed

@@ -25,7 +25,7 @@ from helpers.heads import attention_at_offset, attention_maps, head_importance, 
 from helpers.model import TinyTransformer
 from helpers.rope import RotaryEmbedding, _device_key, apply_rope, apply_rope_complex
 from helpers.tasks import LookbackTask
-from helpers.train import _model_device, _rng_devices, _to_device, evaluate, train
+from helpers.train import _rng_devices, evaluate, model_device, to_device, train
 
 train_mod = importlib.import_module("helpers.train")  # the module (helpers.train is also the function's name)
 
@@ -48,16 +48,16 @@ def _model(seed=0):
 
 # ---------------------------------------------------------------- CPU stand-ins
 def test_model_device_is_the_first_parameters_device():
-    assert _model_device(nn.Linear(2, 2)) == torch.device("cpu")
-    assert _model_device(nn.Linear(2, 2, device="meta")) == torch.device("meta")
-    assert _model_device(nn.ReLU()) == torch.device("cpu")  # no parameters: the CPU
+    assert model_device(nn.Linear(2, 2)) == torch.device("cpu")
+    assert model_device(nn.Linear(2, 2, device="meta")) == torch.device("meta")
+    assert model_device(nn.ReLU()) == torch.device("cpu")  # no parameters: the CPU
 
 
 def test_to_device_moves_every_tensor_of_the_batch():
     x, y = torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long)
-    xm, ym = _to_device((x, y), torch.device("meta"))
+    xm, ym = to_device((x, y), torch.device("meta"))
     assert xm.device.type == ym.device.type == "meta" and xm.shape == x.shape and ym.dtype == y.dtype
-    same = _to_device((x,), torch.device("cpu"))[0]
+    same = to_device((x,), torch.device("cpu"))[0]
     assert same is x  # already there: no copy
 
 
@@ -85,8 +85,8 @@ def test_train_and_evaluate_send_batches_to_the_model_device_and_fork_its_rng(mo
         return batch  # stay on the CPU, where the model really is
 
     model, other = _model(), _model(1)
-    monkeypatch.setattr(train_mod, "_model_device", lambda model: torch.device("cuda", 0))
-    monkeypatch.setattr(train_mod, "_to_device", recording_to_device)
+    monkeypatch.setattr(train_mod, "model_device", lambda model: torch.device("cuda", 0))
+    monkeypatch.setattr(train_mod, "to_device", recording_to_device)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.random, "fork_rng", recording_fork)
     r = train(model, TASK, steps=3, n_train=64, n_val=32, batch_size=16)
@@ -148,8 +148,8 @@ def test_head_importance_moves_batches_to_the_model_device(monkeypatch):
     import helpers.heads as heads_mod
 
     sent = []
-    real = heads_mod._to_device
-    monkeypatch.setattr(heads_mod, "_to_device", lambda batch, device: (sent.append(device), real(batch, device))[1])
+    real = heads_mod.to_device
+    monkeypatch.setattr(heads_mod, "to_device", lambda batch, device: (sent.append(device), real(batch, device))[1])
     model = TinyTransformer(10, 16, 2, 2, 12, pos="rope", seed=0).eval()
     data = [TASK.make(4, s) for s in (0, 1)]  # token ids < 6 <= the model's vocabulary of 10
     imp = head_importance(model, data)

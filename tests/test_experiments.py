@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from _rerun import check_near, check_verdict, floor_of, rerun
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from pristine import pristine  # tools/pristine.py: the committed copy of a notebook the learner edited
 
 NB03 = Path(__file__).resolve().parents[1] / "notebooks" / "03_mha_from_scratch.ipynb"

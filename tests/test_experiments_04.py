@@ -12,7 +12,6 @@ import json
 import math
 
 import pytest
-
 from _rerun import check_crossing, check_near, check_verdict, floor_of, rerun
 
 

@@ -10,15 +10,15 @@ Also checks the saved model the notebook analyses and the file's bookkeeping.
 from __future__ import annotations
 
 import functools
-
 import json
 import math
 
 import pytest
 import torch
-
 from _rerun import check_crossing, check_near, check_verdict, floor_of, rerun
+
 from helpers.lab import sweep
+
 
 @pytest.fixture(scope="module")
 def ex05(experiment_script):

@@ -13,7 +13,6 @@ import json
 import numpy as np
 import pytest
 import torch
-
 from _rerun import check_near, check_verdict, floor_of, rerun
 
 ARMS = ("fixed", "inside", "outside")
@@ -32,7 +31,7 @@ def committed(ex05n):
 def test_results_file_records_where_it_was_made_and_all_three_arms(committed, ex05n):
     assert {"torch", "cpu_capability", "machine", "tolerance"} <= set(committed["meta"])
     assert committed["seeds"] == ex05n.SEEDS and len(committed["runs"]) == len(ex05n.SEEDS) >= 16
-    heads = [(l, h) for l in range(2) for h in range(8)]
+    heads = [(layer, h) for layer in range(2) for h in range(8)]
     for run in committed["runs"]:
         for arm in ARMS:
             assert len(run[arm]["accuracy"]) == 17 and sorted(map(tuple, run[arm]["order"])) == heads

@@ -6,14 +6,14 @@ seed's own committed value (float32 training differs slightly across CPU kernels
 from __future__ import annotations
 
 import functools
-
 import json
 
 import numpy as np
 import pytest
+from _rerun import check_crossing, check_near, check_verdict, floor_of, rerun
 
 import helpers
-from _rerun import check_crossing, check_near, check_verdict, floor_of, rerun
+
 
 @pytest.fixture(scope="module")
 def exp(experiment_script):

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from helpers import flash as fl
-from helpers.viz.flash import tile_schedule_state
 from helpers.lab.memory import peak_memory
+from helpers.viz.flash import tile_schedule_state
 
 NEG_INF = float("-inf")
 
@@ -142,7 +142,10 @@ def test_low_precision_input_accumulates_in_float32(dtype):
     lo = [t.to(dtype) for t in (q, k, v)]
     out, lse = fl.flash_attention_forward(*lo, block_q=256, block_k=256)
     assert out.dtype == dtype and lse.dtype == torch.float32
-    rel = lambda o: ((o.double() - ref).abs().max() / ref.abs().max()).item()
+
+    def rel(o):
+        return ((o.double() - ref).abs().max() / ref.abs().max()).item()
+
     rel_torch = rel(F.scaled_dot_product_attention(*lo))
     assert rel(out) <= torch.finfo(dtype).eps and rel(out) <= 1.5 * rel_torch, (rel(out), rel_torch)
     lse_ref = torch.logsumexp(q.double() @ k.double().transpose(-2, -1) / 4, dim=-1)
@@ -395,7 +398,7 @@ def test_peak_memory_ignores_views_and_inplace_and_frees():
     x = torch.zeros(100)
 
     def f(x):
-        y = x[10:]                   # a view of an outside tensor: not counted
+        _view = x[10:]               # a view of an outside tensor: not counted
         x.add_(1)                    # in place: not counted
         z = torch.ones(50)           # 200 bytes
         del z

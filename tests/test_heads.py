@@ -6,8 +6,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import settings
 
 from helpers import heads as hd
 from helpers.model import TinyTransformer
@@ -272,35 +271,6 @@ def test_attention_entropy():
     torch.testing.assert_close(hd.attention_entropy(u), torch.full((3,), math.log(4)))
 
 
-# -------------------------------------------------------------------- task
-@SETTINGS
-@given(S=st.integers(2, 6), n=st.integers(5, 10), a=st.integers(1, 3), b=st.integers(1, 3), seed=st.integers(0, 99))
-def test_two_position_task_targets_and_determinism(S, n, a, b, seed):
-    if a == b:
-        b = a + 1  # <= 4 < n
-    task = hd.TwoPositionTask(S, n, (a, b))
-    x, y = task.make(16, seed)
-    x2, y2 = task.make(16, seed)
-    assert torch.equal(x, x2) and torch.equal(y, y2)  # same seed, same data
-    assert x.shape == y.shape == (16, n) and int(x.max()) < S
-    assert task.vocab_size == S + S * S
-    m = max(a, b)
-    assert bool((y[:, :m] == IGNORE_INDEX).all())
-    for t in range(m, n):
-        torch.testing.assert_close(y[:, t], S + S * x[:, t - a] + x[:, t - b])
-    assert int(y[:, m:].max()) < task.vocab_size
-    names = task.token_names()
-    assert names[S + S * 1 + 0] == "1:0"
-
-
-def test_two_position_task_split_and_repr():
-    task = hd.TwoPositionTask(8, 12, (1, 3))
-    s = task.split(64, 16, seed=0)
-    assert not ({tuple(r) for r in s.train[0].tolist()} & {tuple(r) for r in s.val[0].tolist()})
-    assert "offsets=(1, 3)" in repr(task)
-    assert not torch.equal(task.make(4, 0)[0], task.make(4, 1)[0])
-
-
 # ------------------------------------------------------------------- errors
 def test_errors(model, data):
     x, y = data
@@ -349,25 +319,9 @@ def test_errors(model, data):
         hd.label_heads({})
     with pytest.raises(ValueError, match=r"weights must be a tensor \(\.\.\., seq_q, seq_k\), got \(3,\)"):
         hd.attention_entropy(torch.ones(3))
-    with pytest.raises(ValueError, match=r"offsets must be two different ints in \[1, seq_len=12\), got \(2, 2\)"):
-        hd.TwoPositionTask(8, 12, (2, 2))
-    with pytest.raises(ValueError, match=r"offsets must be two different ints in \[1, seq_len=4\), got \(1, 4\)"):
-        hd.TwoPositionTask(8, 4, (1, 4))
-    with pytest.raises(TypeError, match=r"offsets must be a pair of ints \(a, b\), got 3"):
-        hd.TwoPositionTask(8, 12, 3)
-    with pytest.raises(ValueError, match=r"num_symbols must be >= 2, got 1"):
-        hd.TwoPositionTask(1, 12)
 
 
-# ------------------------------------------------------- moved task, held-out pruning, GQA conversion
-def test_two_position_task_moved_to_tasks_and_still_importable_from_heads():
-    import helpers
-    from helpers import tasks
-
-    assert hd.TwoPositionTask is tasks.TwoPositionTask is helpers.TwoPositionTask
-    assert "TwoPositionTask" in tasks.__all__ and "TwoPositionTask" in hd.__all__
-
-
+# ------------------------------------------------------- held-out pruning, GQA conversion
 def test_pruning_curve_importance_on_other_data_metrics_on_given_data(model, data):
     x, y = data
     imp_data = LookbackTask(num_symbols=10, seq_len=12, k=2).make(24, seed=7)

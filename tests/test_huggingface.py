@@ -14,10 +14,14 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 from transformers import LlamaConfig  # noqa: E402
-from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding  # noqa: E402
+from transformers.models.llama.modeling_llama import (  # noqa: E402
+    LlamaAttention,
+    LlamaRotaryEmbedding,
+    apply_rotary_pos_emb,
+)
 
 from helpers import apply_rope, causal_mask, interleaved_to_half  # noqa: E402
-from helpers.hf import hf_permute_for_rope, llama_causal_mask, llama_rope, mha_from_llama  # noqa: E402
+from helpers.hf import hf_permute_for_rope, llama_causal_mask, mha_from_llama  # noqa: E402
 
 
 def _config(heads=4, kv_heads=4, d=64, theta=10000.0):
@@ -33,7 +37,9 @@ def test_llama_rope_equals_apply_rope_half(theta):
     x = torch.randn(2, 4, 12, 16, generator=g)
     pos = torch.tensor([list(range(12)), list(range(30, 42))])
     ours = torch.stack([apply_rope(x[b], pos[b], base=theta, layout="half") for b in range(2)])
-    torch.testing.assert_close(llama_rope(x, pos, cfg), ours, atol=1e-5, rtol=1e-5)
+    cos, sin = LlamaRotaryEmbedding(cfg)(x, pos)  # Llama's own rotation of x (passed as q and as k)
+    theirs, _ = apply_rotary_pos_emb(x, x, cos, sin)
+    torch.testing.assert_close(theirs, ours, atol=1e-5, rtol=1e-5)
 
 
 def test_converter_permutation_makes_layouts_interchangeable():
@@ -130,8 +136,6 @@ def test_llama_causal_mask_equals_the_mask_hf_passes_to_attention():
 
 
 def test_errors():
-    with pytest.raises(ValueError, match=r"x must be \(batch, heads, seq, head_dim\)"):
-        llama_rope(torch.randn(3, 4), torch.zeros(1, 3, dtype=torch.long), _config())
     with pytest.raises(ValueError, match="w.shape\\[0\\] must be divisible by num_heads, got 10 and 4"):
         hf_permute_for_rope(torch.randn(10, 8), 4)
     yarn = _config()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from helpers import MultiHeadAttention, TinyTransformer, apply_rope, causal_mask
-from helpers.kvcache import KVCache, cached_self_attention, greedy_generate, kv_cache_bytes
+from helpers.kvcache import KVCache, cached_attention, greedy_generate, kv_cache_bytes
 
 
 def _model(pos="rope", kv=None, layout="interleaved", layers=2, max_len=48, seed=0):
@@ -67,6 +67,34 @@ def test_attention_in_chunks_equals_full_causal_attention(kv, need_weights):
     assert cache.seq_len() == 11
 
 
+def test_the_decoding_step_is_a_function_and_takes_any_cache_with_the_hf_contract():
+    """mha(x, cache=c) runs helpers.kvcache.cached_attention(mha, x, c); the cache is duck-typed (seq_len, update)."""
+
+    class ListCache:  # Hugging Face's cache.update contract, nothing else
+        def __init__(self):
+            self.k, self.v = [], []
+
+        def seq_len(self, layer_idx=0):
+            return sum(t.shape[-2] for t in self.k)
+
+        def update(self, layer_idx, key, value):
+            self.k.append(key)
+            self.v.append(value)
+            return torch.cat(self.k, dim=-2), torch.cat(self.v, dim=-2)
+
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(32, 4, rope=True, num_kv_heads=2).eval()
+    x = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ours, theirs = KVCache(1), ListCache()
+        for a, b in [(0, 3), (3, 4), (4, 7)]:
+            o_method, w_method = mha(x[:, a:b], cache=ours)
+            o_func, w_func = cached_attention(mha, x[:, a:b], theirs)
+            assert torch.equal(o_method, o_func) and torch.equal(w_method, w_func)
+        torch.testing.assert_close(cached_attention(mha, x, KVCache(1))[0], mha(x, mask=causal_mask(7))[0])
+    assert torch.equal(ours.keys[0], torch.cat(theirs.k, dim=-2))
+
+
 def test_cached_keys_are_stored_rotated_at_their_positions():
     torch.manual_seed(0)
     mha = MultiHeadAttention(32, 4, rope=True, num_kv_heads=2).eval()
@@ -118,17 +146,17 @@ def _decode_with_bug(m, x, steps, bug):
 def _step_rotating_cache_again(m, tok, cache):
     """One decoding step of a pre-LN TinyTransformer in which attention rotates the cached keys again."""
     x = m.tok_emb(tok)
-    for l, blk in enumerate(m.blocks):
+    for i, blk in enumerate(m.blocks):
         a = blk.attn
         h = blk.ln1(x)
-        past = cache.seq_len(l)
+        past = cache.seq_len(i)
         q = a.split_heads(a.linear_q(h))
         k = a.linear_k(h).view(h.shape[0], 1, a.num_kv_heads, a.head_dim).transpose(1, 2)
         v = a.linear_v(h).view(h.shape[0], 1, a.num_kv_heads, a.head_dim).transpose(1, 2)
         pos = torch.tensor([past])
         q = apply_rope(q, pos, base=a.rope_base, layout=a.rope_layout)
         k = apply_rope(k, pos, base=a.rope_base, layout=a.rope_layout)
-        K, V = cache.update(l, k, v)
+        K, V = cache.update(i, k, v)
         K = apply_rope(K, base=a.rope_base, layout=a.rope_layout)  # BUG: cached keys were rotated already
         out = torch.nn.functional.scaled_dot_product_attention(q, a.repeat_kv(K), a.repeat_kv(V))
         x = x + a.linear_out(a.merge_heads(out))
@@ -206,10 +234,12 @@ def test_errors():
     h = torch.randn(1, 3, 32)
     with pytest.raises(ValueError, match="with a cache, attention is self-attention over the cached tokens"):
         mha(h, h, cache=KVCache(1))
-    with pytest.raises(ValueError, match=r"x must have shape \(batch, seq, d_model=32\), got \(3, 32\)"):
-        cached_self_attention(mha, h[0], KVCache(1))
-    with pytest.raises(TypeError, match="mha must be a helpers.MultiHeadAttention"):
-        cached_self_attention(torch.nn.Linear(2, 2), h, KVCache(1))
+    with pytest.raises(ValueError, match=r"query must have shape \(batch, seq, d_model=32\), got \(3, 32\)"):
+        mha(h[0], cache=KVCache(1))
+    with pytest.raises(TypeError, match=r"cache must be a KV cache with update\(layer_idx, key, value\)"):
+        mha(h, cache={})
+    with pytest.raises(ValueError, match=r"mask of shape \(3, 4\) is not broadcastable .* = \(1, 4, 3, 3\)"):
+        mha(h, cache=KVCache(1), mask=torch.ones(3, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match="positions are only used with rope=True"):
         MultiHeadAttention(32, 4)(h, cache=KVCache(1), positions=torch.arange(3))
     with pytest.raises(ValueError, match="seq_len must be >= 0, got -1"):

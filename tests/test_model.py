@@ -99,7 +99,8 @@ def test_beyond_max_len_works(pos):
 
 def test_learned_beyond_max_len_raises():
     model = _model("learned")
-    with pytest.raises(ValueError, match=r"pos='learned' has a table for positions 0 \.\. max_len-1 = 11 \(max_len=12\); got positions in \[0, 12\] \(seq=13\)"):
+    with pytest.raises(ValueError, match=r"pos='learned' has a table for positions 0 \.\. max_len-1 = 11 \(max_len=12\); "
+                                         r"got positions in \[0, 12\] \(seq=13\)"):
         model(_tokens(1, 13))
     with pytest.raises(ValueError, match=r"max_len=12.*got positions in \[5, 12\]"):
         model(_tokens(1, 8), offset=5)
@@ -172,7 +173,8 @@ def test_model_errors():
         model(torch.zeros(1, 3))
     with pytest.raises(ValueError, match=r"tokens must have shape \(batch, seq\), got \(3,\)"):
         model(torch.zeros(3, dtype=torch.long))
-    with pytest.raises(ValueError, match=r"head_mask must have shape \(num_layers, num_heads\) = \(2, 2\) or \(batch, num_layers, num_heads\) = \(3, 2, 2\), got \(2,\)"):
+    with pytest.raises(ValueError, match=r"head_mask must have shape \(num_layers, num_heads\) = \(2, 2\) or "
+                                         r"\(batch, num_layers, num_heads\) = \(3, 2, 2\), got \(2,\)"):
         model(_tokens(), head_mask=torch.ones(2))
     with pytest.raises(ValueError, match=r"positions must have shape \(seq,\) = \(8,\) or \(batch, seq\) = \(3, 8\), got \(7,\)"):
         model(_tokens(), positions=torch.arange(7))

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from pristine import pristine  # tools/pristine.py: the committed copy of a notebook the learner edited
 
 _NB = Path(__file__).resolve().parents[1] / "notebooks"
@@ -146,7 +147,9 @@ class _Flow:
             self.bind(s.target, self.dirty(s.value) or (isinstance(s, ast.AugAssign) and bool(_names(s.target) & self.trained)))
         elif isinstance(s, ast.For):
             self.bind(s.target, self.dirty(s.iter))
-            self.stmts(s.body); self.stmts(s.body); self.stmts(s.orelse)   # twice: names dirtied late in the body
+            self.stmts(s.body)   # twice: names dirtied late in the body
+            self.stmts(s.body)
+            self.stmts(s.orelse)
         elif isinstance(s, (ast.With, ast.If, ast.While, ast.Try)):
             for field in ("body", "orelse", "finalbody"):
                 self.stmts(getattr(s, field, []) or [])

@@ -16,9 +16,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import IGNORE_INDEX, LookbackTask, TinyTransformer, evaluate, sinusoidal_encoding, train
+from helpers import IGNORE_INDEX, LookbackTask, PairRecallTask, TinyTransformer, evaluate, sinusoidal_encoding, train
 from helpers.positional import (
-    PairRecallTask,
     ShiftLengthGrid,
     accuracy_by_position,
     init_position_table_,
@@ -27,7 +26,6 @@ from helpers.positional import (
     rope_attention_modules,
     shift_angles,
     shift_length_grid,
-    steps_to_accuracy,
     use_rope_base,
 )
 from helpers.rope import RotaryEmbedding, apply_rope, ntk_scaled_base, rope_frequencies
@@ -275,18 +273,6 @@ def test_accuracy_by_position_against_a_loop():
         accuracy_by_position(model, x)
     with pytest.raises(ValueError, match="must both have shape"):
         accuracy_by_position(model, (x, y[:, :5]))
-
-
-def test_steps_to_accuracy():
-    hist = [(10, 1.0, 0.5), (20, 0.5, 0.96), (30, 0.1, 1.0)]
-    assert steps_to_accuracy(hist, 0.95) == 20
-    assert steps_to_accuracy(hist, 1.0) == 30
-    assert steps_to_accuracy(hist, 0.0) == 10
-    assert steps_to_accuracy(hist[:1], 0.9) is None and steps_to_accuracy([], 0.5) is None
-    with pytest.raises(ValueError, match="target must be an accuracy in"):
-        steps_to_accuracy(hist, 1.5)
-    with pytest.raises(ValueError, match="triples"):
-        steps_to_accuracy([(1, 0.5)], 0.5)
 
 
 def test_shift_length_grid():

@@ -9,8 +9,14 @@ import torch
 
 from helpers.practice.engine import mistake_symptoms
 from helpers.practice.flash import (
-    MERGE_ADVICE, MERGE_MISTAKES, ONLINE_SOFTMAX_ADVICE, ONLINE_SOFTMAX_MISTAKES, check_merge_partials,
-    check_online_softmax_update, merge_partials_solution, online_softmax_update_solution,
+    MERGE_ADVICE,
+    MERGE_MISTAKES,
+    ONLINE_SOFTMAX_ADVICE,
+    ONLINE_SOFTMAX_MISTAKES,
+    check_merge_partials,
+    check_online_softmax_update,
+    merge_partials_solution,
+    online_softmax_update_solution,
 )
 
 

@@ -11,7 +11,6 @@ import pytest
 
 from helpers.practice.daily import Practice
 from helpers.practice.deck import PracticeError
-from helpers.practice.mha import SCAFFOLD
 from helpers.practice.runner import run_solution
 
 REPO = Path(__file__).resolve().parent.parent
@@ -66,9 +65,8 @@ def test_mha_transpose_forgotten_is_named_and_rated_again_then_hard(tmp_path):
 def test_a_process_or_thread_left_running_does_not_lose_the_pass():
     """A solution that starts a process (in the child's process group) or a non-daemon thread still gets
     its PASS at once; the process is killed with the group and no marker is printed."""
-    import time
-
     import random
+    import time
 
     marker = f"45.{random.randrange(10**6):06d}"  # this run's own sleep: another test run's is never counted
     for extra in (f"import subprocess\nsubprocess.Popen(['sleep', '{marker}'])\n",

@@ -3,15 +3,15 @@
 Every test uses a store under pytest's tmp_path and a fixed clock: the learner's real store is never touched.
 """
 import json
-from pathlib import Path
 import multiprocessing as mp
 import sqlite3
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from fsrs import Rating, State
 
-from helpers.practice.daily import Clock, Practice, export_json, import_json, rating_for
+from helpers.practice.daily import Clock, Practice, _replay, export_json, import_json, rating_for
 from helpers.practice.deck import PracticeError
 from helpers.practice.runner import Outcome, Verdict
 from helpers.practice.store import SCHEMA_VERSION, Store, StoreError, store_path
@@ -123,7 +123,8 @@ def test_store_survives_a_restart_and_keeps_the_full_review_log(tmp_path):
     p2 = Practice(tmp_path / "s.sqlite3", now=START)  # a new process would see the same file
     assert [r["rating"] for r in p2.reviews()] == [Rating.Again, Rating.Hard]
     assert p2.states()["mha"].due == p1.states()["mha"].due
-    assert p2.reschedule()["mha"].due == p1.states()["mha"].due  # recomputed from the review log
+    logs = [r["review_log"] for r in p2.reviews() if r["card"] == "mha"]
+    assert _replay(p2.scheduler, "mha", logs).due == p1.states()["mha"].due  # recomputed from the review log
 
 
 def _writer(path: str, n: int, barrier) -> None:
@@ -400,12 +401,6 @@ def test_the_why_names_the_last_rating(practice):
     why = dict((s.id, w) for s, w in practice.due())
     assert why["sinusoidal"].endswith("; last rated Hard on 2026-12-01 09:00 (passed after a hint)"), why
     assert why["mha"].endswith("; last rated Hard on 2026-12-01 09:00 (passed after a failed try that day)"), why
-
-
-def test_fit_parameters_needs_a_history(practice):
-    practice.record("mha", _outcome("mha", True), quiet=True)
-    with pytest.raises(PracticeError, match=r"holds 1 reviews; fitting needs at least 400 \(rule: min_reviews\)"):
-        practice.fit_parameters()
 
 
 def test_committed_notebook_runs_on_a_temporary_store_and_a_fixed_clock():

@@ -1,17 +1,18 @@
-"""The fused float16/bfloat16 RoPE kernel (``helpers.rope_kernel``) against independent references.
+"""The opt-in fused float16/bfloat16 RoPE kernel (``helpers.lab.rope_kernel``) and its cache checks.
 
-The reference for the forward pass is NumPy float32 arithmetic (each product and sum rounded
-to float32, no fused multiply-add), rounded once to the output dtype by ``Tensor.to``: the
-kernel must equal it bit for bit, on the vectorised part of a row and on its scalar tail
-(head dims 6, 16, 20, 128). The operator fallback (``rope_kernel.disabled()``) must be at
-most one unit in the last place away (PyTorch's vectorised ``addcmul_`` may fuse its
-multiply-add, i.e. round once where the kernel rounds twice; on this AVX2 CPU the
-interleaved fallback, Meta's upcast-rotate-round, gives the same bits). The whole-entry-point matrix with the kernel on and
-off is ``tests/test_rope_matrix_entry_points.py``.
+The reference for the forward pass is NumPy float32 arithmetic (each product and sum rounded to
+float32, no fused multiply-add), rounded once to the output dtype by ``Tensor.to``: the kernel must
+equal it bit for bit, on the vectorised part of a row and on its scalar tail (head dims 6, 16, 20,
+128). ``helpers.apply_rope`` (PyTorch operators) must equal it in the interleaved layout and be within
+one float32 rounding of it in the half layout (its ``addcmul_`` fuses a multiply and an add). The
+cache folder, the library's owner and mode and the atomic build are checked at the end (that a fresh
+process which never asks for the kernel loads none is ``tests/test_rope_lowp.py``). The whole-entry-point matrix (``fused_apply_rope`` rows) is
+``tests/test_rope_matrix_entry_points.py``.
 """
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -21,13 +22,13 @@ import pytest
 import torch
 
 from helpers import rope as R
-from helpers import rope_kernel as K
+from helpers.lab import rope_kernel as K
 from helpers.rope import apply_rope
 
 LOWP = [torch.bfloat16, torch.float16]
 ROOT = Path(__file__).resolve().parents[1]
 
-needs_kernel = pytest.mark.skipif("used for" not in K.status(torch.bfloat16),
+needs_kernel = pytest.mark.skipif("available for" not in K.status(torch.bfloat16),
                                   reason=f"fused RoPE kernel unavailable here: {K.status(torch.bfloat16)}")
 
 
@@ -46,17 +47,37 @@ def numpy_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layou
 
 
 def tables(x: torch.Tensor, positions=None):
-    return R._cos_sin(x.shape[-2], x.shape[-1], 10000.0, positions, x.device, torch.float32, x.shape)
+    """The float32 cos/sin of the angles apply_rope uses for ``x`` (``(..., seq, d/2)``)."""
+    pos = R._positions_tensor(positions, x.shape[-2], x.device, torch.float32, x.shape)
+    angle = pos[..., None] * R.rope_frequencies(x.shape[-1])
+    return angle.cos(), angle.sin()
 
 
-def one_ulp_apart(a: torch.Tensor, b: torch.Tensor) -> bool:
-    # One ulp: the spacing above the larger magnitude, ``nextafter(m, inf) - m`` in the dtype itself (eps * |v| would
-    # allow almost two ulps just below a power of two); at 0 it is the smallest subnormal.
+def one_rounding_apart(a: torch.Tensor, b: torch.Tensor, x: torch.Tensor) -> bool:
+    """|a - b| <= one ulp of the output plus one float32 rounding of the pair's products (2^-23 max |x|
+    per row): what a fused multiply-add (one rounding fewer) can change."""
     m = torch.maximum(a.abs(), b.abs())
     ulp = (torch.nextafter(m, torch.full_like(m, float("inf"))) - m).float()
-    return bool(((a.float() - b.float()).abs() <= ulp).all())
+    slack = 2.0**-23 * x.float().abs().amax(-1, keepdim=True)
+    return bool(((a.float() - b.float()).abs() <= ulp + slack).all())
 
 
+def at_threads(n: int, fn, *args, **kwargs):
+    """``fn(...)`` with torch (and so the kernel) at ``n`` threads, the thread count restored after."""
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(n)
+        return fn(*args, **kwargs)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def launch(x, cos, sin, layout, own_threads=False):
+    """The C loop on given tables (the tests' way to feed it tables ``fused_apply_rope`` never builds)."""
+    return K._launch(x, cos, sin, layout == "half", K._library(own_threads)[0])
+
+
+# ------------------------------------------------------------------ the arithmetic
 @needs_kernel
 @pytest.mark.parametrize("dtype", LOWP, ids=str)
 @pytest.mark.parametrize("layout", ["interleaved", "half"])
@@ -78,16 +99,15 @@ def test_kernel_equals_float32_reference_bit_for_bit(dtype, layout, d, shape):
         x = torch.randn(3, 2, 37, d, generator=g)
         pos = torch.randint(0, 5000, (3, 37), generator=g)
     x = (x * 3).to(dtype)
-    cos, sin = tables(x, pos)
-    out = apply_rope(x, pos, layout=layout)
+    out = K.fused_apply_rope(x, pos, layout=layout)
     assert out.dtype == dtype and out.shape == x.shape
-    ref = numpy_reference(x, cos, sin, layout)
+    ref = numpy_reference(x, *tables(x, pos), layout)
     assert torch.equal(out, ref), f"max |diff| {(out.float() - ref.float()).abs().max().item()}"
-    with K.disabled():
-        fallback = apply_rope(x, pos, layout=layout)
-    # PyTorch's operators may fuse a multiply and an add (one rounding instead of two) on some
-    # CPUs and code paths: never more than one unit in the last place of the output
-    assert one_ulp_apart(out, fallback)
+    ops = apply_rope(x, pos, layout=layout)  # the default path, PyTorch operators
+    if layout == "interleaved":
+        assert torch.equal(ops, out)
+    else:
+        assert one_rounding_apart(ops, out, x)
 
 
 @needs_kernel
@@ -99,137 +119,27 @@ def test_kernel_backward_is_the_inverse_rotation(dtype, layout):
     pos = torch.randint(0, 3000, (2, 29), generator=g)
     w = torch.randn(2, 3, 29, 20, generator=g, dtype=torch.float64)
     x = x64.to(dtype).requires_grad_()
-    (apply_rope(x, pos, layout=layout).double() * w).sum().backward()
+    (K.fused_apply_rope(x, pos, layout=layout).double() * w).sum().backward()
     xr = x.detach().double().requires_grad_()
     (apply_rope(xr, pos, layout=layout) * w).sum().backward()  # float64 autograd reference
     torch.testing.assert_close(x.grad.double(), xr.grad, atol=2 * torch.finfo(dtype).eps * 4, rtol=torch.finfo(dtype).eps)
-    # and the gradient of the operator fallback (autograd through upcast, rotate, round)
-    xf = x.detach().clone().requires_grad_()
-    with K.disabled():
-        (apply_rope(xf, pos, layout=layout).double() * w).sum().backward()
-    assert one_ulp_apart(x.grad, xf.grad)
+    xo = x.detach().clone().requires_grad_()  # and the default path's gradient: the same bits
+    (apply_rope(xo, pos, layout=layout).double() * w).sum().backward()
+    assert torch.equal(x.grad, xo.grad)
 
 
 @needs_kernel
 def test_kernel_threads_agree_and_special_values_propagate():
     x = torch.randn(1, 8, 300, 128).bfloat16()  # 307200 elements: several threads
     x[0, 0, 0, 0], x[0, 0, 1, 5], x[0, 0, 2, 64] = float("nan"), float("inf"), float("-inf")
-    cos, sin = tables(x)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = apply_rope(x)
-        torch.set_num_threads(max(2, threads))
-        many = apply_rope(x)
-    finally:
-        torch.set_num_threads(threads)
+    one = at_threads(1, K.fused_apply_rope, x)
+    many = at_threads(max(2, torch.get_num_threads()), K.fused_apply_rope, x)
     assert torch.equal(one.view(torch.int16), many.view(torch.int16))
-    ref = numpy_reference(x, cos, sin, "interleaved")
+    ref = numpy_reference(x, *tables(x), "interleaved")
     assert torch.equal(one.isnan(), ref.isnan())
     finite = ~ref.isnan()
     assert torch.equal(one[finite], ref[finite])
     assert one[0, 0, 0, :2].isnan().all()  # position 0 rotates by angle 0, but NaN * 0 is NaN: the pair is NaN
-
-
-def test_fused_rope_refuses_what_it_cannot_do():
-    x = torch.randn(2, 5, 8)
-    cos, sin = tables(x)
-    for fn in (K.fused_rope, K.fused_rope_own_threads):
-        with pytest.raises(ValueError, match="layout must be 'interleaved' or 'half', got 'pairs'"):
-            fn(x.bfloat16(), cos, sin, "pairs")
-        with pytest.raises(ValueError, match="the fused kernel does not apply here"):
-            fn(x, cos, sin, "interleaved")  # float32 input: not the kernel's job
-    assert not K.can_use(x.bfloat16(), cos.double(), sin.double())  # tables must be float32
-    assert not K.can_use(x.bfloat16()[..., ::2].clone()[..., :3], cos[..., :1], sin[..., :1])  # odd head dim
-    assert not K.can_use(x.bfloat16().unsqueeze(0).unsqueeze(0), cos, sin)  # 5 dimensions: the fallback
-    assert not K.can_use(x.bfloat16().to("meta"), cos, sin)
-    assert not K.can_use(x.bfloat16(), cos.requires_grad_(), sin)  # learned angles: autograd through the fallback
-
-
-def test_status_names_the_reason():
-    assert "not used for torch.float32" in K.status(torch.float32)
-    with K.disabled():
-        assert K.status(torch.bfloat16) == "not used: inside helpers.rope_kernel.disabled()"
-        x = torch.randn(4, 8).bfloat16()
-        assert not K.can_use(x, *tables(x))
-
-
-def _run(code: str, **env) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), **env})
-
-
-CHILD = """
-import torch
-from helpers import rope_kernel as K
-from helpers.rope import apply_rope
-x = torch.randn(2, 3, 7, 16).bfloat16()
-with K.disabled():
-    ref = apply_rope(x)
-assert torch.equal(apply_rope(x), ref)
-print(K.status(torch.bfloat16))
-"""
-
-
-def test_without_a_working_compiler_apply_rope_falls_back():
-    broken = _run(CHILD, CC="false")  # `false` exists and fails: the compile step fails
-    assert broken.returncode == 0, broken.stderr
-    assert broken.stdout.strip().startswith("not used: compiling the kernel with"), broken.stdout
-    off = _run(CHILD, HELPERS_FUSED_ROPE="0")
-    assert off.returncode == 0, off.stderr
-    assert off.stdout.strip() == "not used: HELPERS_FUSED_ROPE=0"
-
-
-@needs_kernel
-def test_kernel_in_forked_sweep_workers():
-    """helpers.lab.sweep's forked workers run at one thread, so the kernel opens no parallel region there
-    (after the parent used the OpenMP pool, a region in a forked child hangs, as PyTorch's own
-    operators do). 262144 elements: with two threads the kernel would open one. In a child process
-    with a timeout, so that a regression fails instead of hanging the suite."""
-    code = """
-import torch
-from helpers import rope_kernel as K
-from helpers.rope import apply_rope
-from helpers.lab.sweep import sweep
-torch.set_num_threads(2)
-apply_rope(torch.randn(1, 8, 256, 128).bfloat16())  # the parent uses the pool first
-
-def fn(seed):
-    x = torch.randn(1, 8, 256, 128).bfloat16()
-    with K.disabled():
-        ref = apply_rope(x)
-    return float(torch.equal(apply_rope(x), ref)) + 10 * torch.get_num_threads()
-
-print([float(v) for v in sweep(fn, seeds=[0, 1, 2], workers=2).values()])
-"""
-    res = _run(code)
-    assert res.returncode == 0, res.stderr
-    assert res.stdout.strip().splitlines()[-1] == "[11.0, 11.0, 11.0]", res.stdout
-
-
-@needs_kernel
-@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")  # torch's own jvp decompositions
-def test_forward_mode_ad_and_vmap():
-    """Forward-mode AD rotates the tangent like the input (the kernel's jvp); vmap gets the fallback."""
-    import torch.autograd.forward_ad as fwAD
-
-    g = torch.Generator().manual_seed(3)
-    x = torch.randn(2, 3, 5, 16, generator=g).bfloat16()
-    t = torch.randn(2, 3, 5, 16, generator=g).bfloat16()
-    with fwAD.dual_level():
-        tangent = fwAD.unpack_dual(apply_rope(fwAD.make_dual(x, t))).tangent
-    assert torch.equal(tangent, apply_rope(t))
-    assert torch.equal(torch.func.vmap(apply_rope)(x), apply_rope(x))
-
-
-def test_tables_must_hold_one_value_per_pair():
-    """A (seq, 1) table broadcasts in PyTorch but the C loop reads d/2 values per row: refused."""
-    x = torch.randn(2, 7, 16).bfloat16()
-    cos, sin = tables(x)
-    assert K.can_use(x, cos, sin)
-    assert not K.can_use(x, cos[..., :1], sin[..., :1])
-    with pytest.raises(ValueError, match="does not apply here"):
-        K.fused_rope(x, cos[..., :1].contiguous(), sin[..., :1].contiguous(), "interleaved")
 
 
 @needs_kernel
@@ -238,175 +148,8 @@ def test_nan_in_a_table_stays_nan():
     cos, sin = tables(x)
     cos = cos.clone()
     cos.view(torch.int32)[1, 2] = 0x7FFFFFFF  # a NaN whose low half is not zero
-    out = K.fused_rope(x, cos, sin, "interleaved")
+    out = launch(x, cos, sin, "interleaved")
     assert out[0, 1, 4:6].isnan().all() and not out[0, 0].isnan().any()
-
-
-@needs_kernel
-@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
-def test_second_derivatives_and_angle_tangents_match_the_fallback():
-    import torch.autograd.forward_ad as fwAD
-
-    g = torch.Generator().manual_seed(4)
-    x = torch.randn(2, 2, 6, 16, generator=g).bfloat16()
-    pos = torch.arange(6) + 7
-
-    def grad_penalty():
-        xr = x.clone().requires_grad_()
-        y = apply_rope(xr, pos)
-        (gx,) = torch.autograd.grad(y.float().square().sum(), xr, create_graph=True)
-        (ggx,) = torch.autograd.grad(gx.float().square().sum(), xr)
-        return ggx
-
-    fused = grad_penalty()
-    with K.disabled():
-        ops = grad_penalty()
-    assert one_ulp_apart(fused, ops) or torch.allclose(fused.float(), ops.float(), rtol=2e-2, atol=2e-2)
-    theta = R.rope_frequencies(16)
-    tangent = torch.randn(8, generator=g)
-    results = []
-    for ctx in (K.disabled, lambda: __import__("contextlib").nullcontext()):
-        with ctx(), fwAD.dual_level():
-            out = apply_rope(x, pos, frequencies=fwAD.make_dual(theta, tangent))
-            results.append(fwAD.unpack_dual(out).tangent)
-    assert results[1] is not None and results[1].abs().max() > 0.1  # the angles' tangent is not dropped
-    torch.testing.assert_close(results[1].float(), results[0].float(), atol=0.1, rtol=0.05)
-
-
-def test_cache_folder_must_be_private(tmp_path, monkeypatch):
-    monkeypatch.setattr(K.tempfile, "gettempdir", lambda: str(tmp_path))
-    uid = os.getuid() if hasattr(os, "getuid") else "u"
-    shared = tmp_path / f"attention-notebooks-kernels-{uid}"
-    shared.mkdir(mode=0o777)
-    os.chmod(shared, 0o777)  # writable by others: not used
-    chosen = K._private_folder()
-    assert chosen != shared and chosen.parent == tmp_path and (os.stat(chosen).st_mode & 0o077) == 0
-    os.chmod(shared, 0o700)
-    assert K._private_folder() == shared
-
-
-def _mapped_openmp_runtimes() -> set:
-    """The OpenMP runtime files mapped into this process (Linux)."""
-    maps = Path("/proc/self/maps").read_text().splitlines()
-    return {line.split()[-1] for line in maps if line.split() and any(
-        n in Path(line.split()[-1]).name for n in ("libgomp", "libomp", "libiomp"))}
-
-
-@needs_kernel
-@pytest.mark.skipif(not K._torch_libgomp(), reason="PyTorch here does not run on GNU OpenMP loaded as libgomp.so.1")
-def test_kernel_runs_on_pytorchs_own_openmp_pool():
-    """With GCC and PyTorch on libgomp.so.1 the kernel is built with -fopenmp and binds to the runtime
-    torch already loaded: in a fresh process no OpenMP runtime appears when the kernel is loaded, and
-    torch.set_num_threads(k) changes the thread count the kernel's own runtime reports (it would not
-    for a second runtime). Threads of its own, or a second pool, shared the cores with PyTorch's
-    spinning workers: 2.7-3.1x x.clone() instead of 1.0-1.6x, measured (CONTRIBUTING.md)."""
-    code = """
-import subprocess, torch
-from pathlib import Path
-def runtimes():
-    return {l.split()[-1] for l in Path("/proc/self/maps").read_text().splitlines()
-            if l.split() and any(n in Path(l.split()[-1]).name for n in ("libgomp", "libomp", "libiomp"))}
-torch.randn(4).exp()
-before = runtimes()
-from helpers import rope_kernel as K
-from helpers.rope import apply_rope
-x = torch.randn(1, 8, 256, 128).bfloat16()
-torch.set_num_threads(2)
-out = apply_rope(x)
-after = runtimes()
-print("status:", K.status(torch.bfloat16))
-print("runtimes unchanged:", after == before, len(after))
-if K._lib is not None and K._lib.uses_openmp():
-    seen = []
-    for k in (1, 3, 2):
-        torch.set_num_threads(k)
-        seen.append(K._lib.runtime_max_threads())
-    print("runtime threads follow torch:", seen)
-"""
-    res = _run(code)
-    assert res.returncode == 0, res.stderr
-    lines = res.stdout.strip().splitlines()
-    assert "runtimes unchanged: True 1" in lines, res.stdout
-    version = subprocess.run([K._compiler(), "--version"], capture_output=True, text=True).stdout
-    if K._is_gcc(version):
-        assert "parallel on OpenMP (PyTorch's runtime)" in lines[0], res.stdout
-        assert "runtime threads follow torch: [1, 3, 2]" in lines, res.stdout
-
-
-@needs_kernel
-def test_a_second_runtime_is_refused():
-    """If the -fopenmp build's runtime does not follow torch.set_num_threads (a second OpenMP runtime),
-    the kernel is built without OpenMP instead, and status() says why."""
-    code = """
-import torch
-from helpers import rope_kernel as K
-K._shares_torch_runtime = lambda lib: False
-from helpers.rope import apply_rope
-x = torch.randn(1, 8, 256, 128).bfloat16()
-torch.set_num_threads(2)
-with K.disabled():
-    ref = apply_rope(x)
-assert torch.equal(apply_rope(x), ref)
-print(K.status(torch.bfloat16))
-"""
-    res = _run(code)
-    assert res.returncode == 0, res.stderr
-    status = res.stdout.strip()
-    if K._torch_libgomp() and "OpenMP" in K.status(torch.bfloat16):
-        assert "parallel on threads of its own (the -fopenmp build did not share PyTorch's OpenMP runtime)" in status, status
-
-
-def test_kernel_with_threads_of_its_own():
-    """Where the OpenMP build does not apply (clang, PyTorch on another runtime, not Linux) the kernel
-    starts threads of its own: the same bits with one and with two threads."""
-    code = """
-import torch
-from helpers import rope_kernel as K
-K._torch_libgomp = lambda: False
-from helpers.rope import apply_rope
-torch.manual_seed(0)
-x = torch.randn(1, 8, 256, 128).bfloat16()
-torch.set_num_threads(1); one = apply_rope(x)
-torch.set_num_threads(2); two = apply_rope(x, layout="half"); two_i = apply_rope(x)
-with K.disabled():
-    ref = apply_rope(x, layout="half")
-assert torch.equal(one, two_i)
-assert (one.float() - apply_rope(x.double()).float()).abs().max() < 0.05
-fi = torch.finfo(torch.bfloat16)
-ulp = torch.clamp(fi.eps * torch.maximum(two.float().abs(), ref.float().abs()), min=fi.tiny * fi.eps)
-assert ((two.float() - ref.float()).abs() <= ulp).all()  # within one bf16 ulp of the operators (as one_ulp_apart)
-print(K.status(torch.bfloat16))
-"""
-    res = _run(code)
-    assert res.returncode == 0, res.stderr
-    status = res.stdout.strip()
-    if "used for" in status:
-        assert "parallel on threads of its own" in status, status
-    else:
-        assert status.startswith("not used:"), status
-
-
-@needs_kernel
-def test_graph_node_only_where_a_derivative_can_be_asked_for():
-    x = torch.randn(2, 3, 5, 16).bfloat16()
-    assert apply_rope(x).grad_fn is None
-    xg = x.clone().requires_grad_()
-    assert type(apply_rope(xg).grad_fn).__name__ == "_FusedRopeBackward"
-    with torch.no_grad():
-        out = apply_rope(xg)
-    assert out.grad_fn is None and not out.requires_grad
-    with torch.inference_mode():
-        assert torch.equal(apply_rope(xg), apply_rope(x))
-
-
-def at_threads(n: int, fn, *args):
-    """``fn(*args)`` with torch (and so the kernel) at ``n`` threads, the thread count restored after."""
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(n)
-        return fn(*args)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _case(kind: str, dtype: torch.dtype, g: torch.Generator):
@@ -439,9 +182,8 @@ def _case(kind: str, dtype: torch.dtype, g: torch.Generator):
 def test_kernel_bit_exact_on_three_threads_and_every_memory_layout(dtype, layout, kind):
     g = torch.Generator().manual_seed(hash((kind, layout, str(dtype))) % 2**31)
     x, cos, sin = _case(kind, dtype, g)
-    assert K.can_use(x, cos, sin)
     # 199040 elements: 3 threads, splits at rows 518 and 1036 (311 per head)
-    out = at_threads(3, K.fused_rope, x, cos, sin, layout)
+    out = at_threads(3, launch, x, cos, sin, layout)
     assert torch.equal(out.view(torch.int16), numpy_reference(x, cos, sin, layout).view(torch.int16))
 
 
@@ -458,7 +200,7 @@ def test_float16_special_values(layout):
     x = x.half()
     ang = torch.rand(300, 32, generator=g) * 20
     cos, sin = ang.cos(), ang.sin()
-    out = at_threads(2, K.fused_rope, x, cos, sin, layout)
+    out = at_threads(2, launch, x, cos, sin, layout)
     ref = numpy_reference(x, cos, sin, layout)
     assert out.isinf().any() and torch.equal(out.isnan(), ref.isnan())
     finite = ~ref.isnan()
@@ -471,36 +213,344 @@ def test_float16_special_values(layout):
 def test_own_threads_build_equals_the_reference(dtype, layout):
     g = torch.Generator().manual_seed(11)
     x, cos, sin = _case("seq-sliced x", dtype, g)
-    out = at_threads(3, K.fused_rope_own_threads, x, cos, sin, layout)
+    out = at_threads(3, launch, x, cos, sin, layout, own_threads=True)
     assert torch.equal(out.view(torch.int16), numpy_reference(x, cos, sin, layout).view(torch.int16))
+    g = torch.Generator().manual_seed(12)
+    x = (3 * torch.randn(1, 8, 256, 128, generator=g)).to(dtype)
+    assert torch.equal(at_threads(2, K.fused_apply_rope, x, layout=layout, own_threads=True), K.fused_apply_rope(x, layout=layout))
+
+
+# ------------------------------------------------------------------ autograd
+@needs_kernel
+def test_graph_node_only_where_a_derivative_can_be_asked_for():
+    x = torch.randn(2, 3, 5, 16).bfloat16()
+    assert K.fused_apply_rope(x).grad_fn is None
+    xg = x.clone().requires_grad_()
+    assert type(K.fused_apply_rope(xg).grad_fn).__name__ == "_FusedRopeBackward"
+    with torch.no_grad():
+        out = K.fused_apply_rope(xg)
+    assert out.grad_fn is None and not out.requires_grad
+    with torch.inference_mode():
+        assert torch.equal(K.fused_apply_rope(xg), K.fused_apply_rope(x))
 
 
 @needs_kernel
-def test_a_lazily_negated_input_is_rotated_as_its_values():
-    """A neg-bit tensor (private API) holds -x in its metadata and +x in memory: the kernel must not see it."""
-    x = torch.randn(1, 2, 5, 8, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
-    neg = torch._neg_view(x)
-    assert neg.is_neg()
-    torch.testing.assert_close(apply_rope(neg), apply_rope(-x), atol=0, rtol=0)
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")  # torch's own jvp decompositions
+def test_forward_mode_ad_and_second_derivatives():
+    """Forward-mode AD rotates the tangent like the input (the kernel's jvp); a gradient penalty
+    (second derivative) runs through the kernel's backward, itself a kernel call."""
+    import torch.autograd.forward_ad as fwAD
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 3, 5, 16, generator=g).bfloat16()
+    t = torch.randn(2, 3, 5, 16, generator=g).bfloat16()
+    with fwAD.dual_level():
+        tangent = fwAD.unpack_dual(K.fused_apply_rope(fwAD.make_dual(x, t))).tangent
+    assert torch.equal(tangent, K.fused_apply_rope(t))
+    pos = torch.arange(5) + 7
+
+    def grad_penalty(rotate):
+        xr = x.clone().requires_grad_()
+        (gx,) = torch.autograd.grad(rotate(xr, pos).float().square().sum(), xr, create_graph=True)
+        (ggx,) = torch.autograd.grad(gx.float().square().sum(), xr)
+        return ggx
+
+    fused, ops = grad_penalty(K.fused_apply_rope), grad_penalty(apply_rope)
+    torch.testing.assert_close(fused.float(), ops.float(), rtol=2e-2, atol=2e-2)
 
 
-def test_disabled_is_per_thread():
-    import threading
+# ------------------------------------------------------------------ what it refuses, and why
+def test_fused_apply_rope_refuses_what_it_cannot_do():
+    x = torch.randn(2, 5, 8)
+    with pytest.raises(ValueError, match=r"layout must be one of \('interleaved', 'half'\), got 'pairs'"):
+        K.fused_apply_rope(x.bfloat16(), layout="pairs")
+    with pytest.raises(ValueError, match="head_dim \\(x.shape\\[-1\\]\\) must be even"):
+        K.fused_apply_rope(torch.randn(2, 5, 7).bfloat16())
+    for bad, why in [(x, "the kernel is for float16/bfloat16"),
+                     (x.bfloat16().unsqueeze(0).unsqueeze(0), "2 to 4 dimensions"),
+                     (x.bfloat16().to("meta"), "CPU tensor"),
+                     (torch.randn(2, 5, 16).bfloat16()[..., ::2], "contiguous last dimension"),
+                     (torch._neg_view(x.bfloat16()), "lazily negated")]:
+        with pytest.raises(ValueError, match=f"the fused kernel does not apply here: .*{why}"):
+            K.fused_apply_rope(bad)
+    with pytest.raises(ValueError, match="torch.func transform"):
+        torch.func.vmap(K.fused_apply_rope)(x.bfloat16()[None])
+    assert "not for torch.float32" in K.status(torch.float32)
 
-    seen = {}
-    inside, done = threading.Event(), threading.Event()
 
-    def other():
-        inside.wait(5)
-        seen["other"] = K.status(torch.bfloat16)
-        done.set()
+def _run(code: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **env})
 
-    t = threading.Thread(target=other)
-    t.start()
-    with K.disabled():
-        inside.set()
-        done.wait(5)
-        seen["here"] = K.status(torch.bfloat16)
-    t.join(5)
-    assert seen["here"] == "not used: inside helpers.rope_kernel.disabled()"
-    assert seen["other"] != "not used: inside helpers.rope_kernel.disabled()"
+
+def test_without_a_working_compiler_the_kernel_says_why(tmp_path):
+    code = """
+import torch
+from helpers.lab import rope_kernel as K
+from helpers import apply_rope
+x = torch.randn(2, 3, 7, 16).bfloat16()
+apply_rope(x)                      # the default path needs no compiler
+print(K.status(torch.bfloat16))
+try:
+    K.fused_apply_rope(x)
+except K.KernelUnavailable as err:
+    print("refused:", err)
+"""
+    broken = _run(code, CC="false", XDG_CACHE_HOME=str(tmp_path))  # `false` exists and fails: the compile step fails
+    assert broken.returncode == 0, broken.stderr
+    lines = broken.stdout.strip().splitlines()
+    assert lines[0].startswith("not available: compiling the kernel with"), broken.stdout
+    assert lines[1].startswith("refused: compiling the kernel with"), broken.stdout
+    assert [p.name for p in (tmp_path / "attention-notebooks").iterdir()] == []  # nothing left behind
+
+
+def test_on_windows_it_is_refused_with_a_reason(tmp_path):
+    code = """
+import sys, torch
+from helpers.lab import rope_kernel as K
+sys.platform = "win32"
+print(K.status(torch.bfloat16))
+"""
+    res = _run(code, XDG_CACHE_HOME=str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().startswith("not available: not on Windows"), res.stdout
+    assert not (tmp_path / "attention-notebooks").exists()  # no folder made, none to leak
+
+
+@needs_kernel
+def test_kernel_in_forked_sweep_workers():
+    """helpers.lab.sweep's forked workers run at one thread, so the kernel opens no parallel region there
+    (after the parent used the OpenMP pool, a region in a forked child hangs, as PyTorch's own
+    operators do). 262144 elements: with two threads the kernel would open one. In a child process
+    with a timeout, so that a regression fails instead of hanging the suite."""
+    code = """
+import torch
+from helpers.lab.rope_kernel import fused_apply_rope
+from helpers.rope import apply_rope
+from helpers.lab.sweep import sweep
+torch.set_num_threads(2)
+fused_apply_rope(torch.randn(1, 8, 256, 128).bfloat16())  # the parent uses the pool first
+
+def fn(seed):
+    x = torch.randn(1, 8, 256, 128).bfloat16()
+    return float(torch.equal(fused_apply_rope(x), apply_rope(x))) + 10 * torch.get_num_threads()
+
+print([float(v) for v in sweep(fn, seeds=[0, 1, 2], workers=2).values()])
+"""
+    res = _run(code)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().splitlines()[-1] == "[11.0, 11.0, 11.0]", res.stdout
+
+
+# ------------------------------------------------------------------ threads
+@needs_kernel
+@pytest.mark.skipif(K._torch_libgomp() is None, reason="PyTorch here does not run on GNU OpenMP loaded as libgomp.so.1")
+def test_kernel_runs_on_pytorchs_own_openmp_pool():
+    """With GCC and PyTorch on libgomp.so.1 the kernel is built with -fopenmp and binds to the runtime
+    torch already loaded: in a fresh process no OpenMP runtime appears when the kernel is loaded,
+    torch.set_num_threads(k) changes the thread count the kernel's own runtime reports (it would not
+    for a second runtime), and loading it never calls torch.set_num_threads (review finding 17)."""
+    code = """
+import subprocess, torch
+from pathlib import Path
+def runtimes():
+    return {l.split()[-1] for l in Path("/proc/self/maps").read_text().splitlines()
+            if l.split() and any(n in Path(l.split()[-1]).name for n in ("libgomp", "libomp", "libiomp"))}
+torch.randn(4).exp()
+before = runtimes()
+torch.set_num_threads(2)
+real_set = torch.set_num_threads
+def refuse(k):
+    raise AssertionError("the kernel changed torch's thread count")
+torch.set_num_threads = refuse
+from helpers.lab import rope_kernel as K
+out = K.fused_apply_rope(torch.randn(1, 8, 256, 128).bfloat16())
+print("status:", K.status(torch.bfloat16))
+print("threads still:", torch.get_num_threads())
+torch.set_num_threads = real_set
+after = runtimes()
+print("runtimes unchanged:", after == before, len(after))
+lib = K._library()[0]
+if lib.uses_openmp():
+    seen = []
+    for k in (1, 3, 2):
+        torch.set_num_threads(k)
+        seen.append(lib.runtime_max_threads())
+    print("runtime threads follow torch:", seen)
+"""
+    res = _run(code)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.strip().splitlines()
+    assert "runtimes unchanged: True 1" in lines and "threads still: 2" in lines, res.stdout
+    if K._is_gcc(K._compiler()[1]):
+        assert "parallel on OpenMP (PyTorch's runtime)" in lines[0], res.stdout
+        assert "runtime threads follow torch: [1, 3, 2]" in lines, res.stdout
+
+
+@needs_kernel
+def test_a_second_runtime_is_refused():
+    """If the -fopenmp build's runtime is not PyTorch's (a second OpenMP runtime), the kernel is built
+    without OpenMP instead, and status() says why."""
+    code = """
+import torch
+from helpers.lab import rope_kernel as K
+from helpers.rope import apply_rope
+K._shares_torch_runtime = lambda lib: False
+x = torch.randn(1, 8, 256, 128).bfloat16()
+torch.set_num_threads(2)
+assert torch.equal(K.fused_apply_rope(x), apply_rope(x))
+print(K.status(torch.bfloat16))
+"""
+    res = _run(code)
+    assert res.returncode == 0, res.stderr
+    if K._torch_libgomp() and "OpenMP" in K.status(torch.bfloat16):
+        assert "parallel on threads of its own (the -fopenmp build did not share PyTorch's OpenMP runtime)" in res.stdout
+
+
+def test_kernel_with_threads_of_its_own():
+    """Where the OpenMP build does not apply (clang, PyTorch on another runtime, not Linux) the kernel
+    starts threads of its own: the same bits with one and with two threads."""
+    code = """
+import torch
+from helpers.lab import rope_kernel as K
+K._torch_libgomp = lambda: None
+from helpers.rope import apply_rope
+torch.manual_seed(0)
+x = torch.randn(1, 8, 256, 128).bfloat16()
+print(K.status(torch.bfloat16))
+if "available for" in K.status(torch.bfloat16):
+    torch.set_num_threads(1); one = K.fused_apply_rope(x)
+    torch.set_num_threads(2); two = K.fused_apply_rope(x)
+    assert torch.equal(one, two) and torch.equal(one, apply_rope(x))
+"""
+    res = _run(code)
+    assert res.returncode == 0, res.stderr
+    status = res.stdout.strip()
+    assert "parallel on threads of its own" in status or status.startswith("not available:"), status
+
+
+# ------------------------------------------------------------------ the cache: per user, private, atomic
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A fresh cache folder for this test (``cache_folder()`` redirected), the module's loaded libraries forgotten."""
+    folder = tmp_path / "cache" / "attention-notebooks"
+    monkeypatch.setattr(K, "cache_folder", lambda: folder)
+    monkeypatch.setattr(K, "_built", {})
+    return folder
+
+
+def test_the_cache_is_a_per_user_folder(tmp_path):
+    """By default under the user's cache directory (XDG_CACHE_HOME here), not in a shared temp folder."""
+    res = _run("from helpers.lab import rope_kernel as K; print(K.cache_folder())", XDG_CACHE_HOME=str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    assert Path(res.stdout.strip()) == tmp_path / "attention-notebooks"
+
+
+@needs_kernel
+def test_the_cache_folder_is_created_private(cache):
+    K._private_folder()
+    st = os.lstat(cache)
+    assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) & 0o077 == 0
+
+
+@pytest.mark.parametrize("problem", ["group writable", "others writable", "symbolic link"])
+def test_a_cache_folder_others_can_write_is_refused(cache, tmp_path, problem):
+    if problem == "symbolic link":
+        target = tmp_path / "elsewhere"
+        target.mkdir(mode=0o700)
+        cache.parent.mkdir(parents=True)
+        cache.symlink_to(target)
+    else:
+        cache.mkdir(parents=True, mode=0o700)
+        os.chmod(cache, 0o770 if problem == "group writable" else 0o707)
+    with pytest.raises(K.KernelUnavailable, match="refusing the cache folder " + str(cache)):
+        K._private_folder()
+    assert "not available: refusing the cache folder" in K.status(torch.bfloat16)
+
+
+def _plant_library(cache: Path) -> Path:
+    """A real library (the kernel, built into ``cache``) whose file the test then tampers with."""
+    K._library()
+    return sorted(p for p in cache.iterdir() if p.suffix == ".so")[0]
+
+
+@needs_kernel
+@pytest.mark.parametrize("mode", [0o775, 0o757, 0o666])
+def test_a_library_others_can_write_is_refused_and_named(cache, mode):
+    so = _plant_library(cache)
+    os.chmod(so, mode)
+    with pytest.raises(K.KernelUnavailable, match=f"refusing the library {so}: owner uid .*, mode {mode:#o}"):
+        K._open_checked(so)
+    K._built.clear()  # as a new process finding that file in the cache: refused and named, never loaded
+    assert f"refusing the library {so}" in K.status(torch.bfloat16)
+
+
+@needs_kernel
+def test_a_library_of_another_user_is_refused_and_named(cache, monkeypatch):
+    so = _plant_library(cache)
+    if os.getuid() == 0:  # root can give the file away: a real other owner
+        os.chown(so, 12345, -1)
+    else:  # otherwise this process pretends to be another user (the folder check is not reached)
+        real = os.getuid()
+        monkeypatch.setattr(K.os, "getuid", lambda: real + 1)
+    with pytest.raises(K.KernelUnavailable, match=f"refusing the library {so}: owner uid \\d+ \\(this user is \\d+\\)"):
+        K._open_checked(so)
+
+
+@needs_kernel
+def test_a_symbolic_link_in_place_of_the_library_is_refused(cache):
+    so = _plant_library(cache)
+    real = so.with_name("real.so")
+    so.rename(real)
+    so.symlink_to(real)
+    with pytest.raises(K.KernelUnavailable, match=f"refusing the library {so}"):
+        K._open_checked(so)
+
+
+@needs_kernel
+def test_the_library_is_built_under_a_temporary_name_and_renamed(cache, monkeypatch):
+    """os.replace moves a finished file from a temporary name in the same folder onto the final name, which
+    did not exist yet: another process sees the whole library or none. Nothing else is left behind."""
+    renames = []
+    real_replace = os.replace
+
+    def record(src, dst):
+        src, dst = Path(src), Path(dst)
+        renames.append((src, dst, src.stat().st_size, dst.exists()))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(K.os, "replace", record)
+    K._library()
+    assert renames, "the library was not built"
+    for src, dst, size, existed in renames:
+        assert src.parent == dst.parent == cache and src.name.startswith(".rope_lowp_") and src.name.endswith(".tmp")
+        assert dst.name.startswith("rope_lowp_") and dst.suffix == ".so" and size > 0 and not existed
+    assert sorted(p.name for p in cache.iterdir()) == sorted(dst.name for _, dst, _, _ in renames)
+    for _, dst, _, _ in renames:
+        assert stat.S_IMODE(os.stat(dst).st_mode) & 0o022 == 0
+
+
+def test_a_failed_build_leaves_nothing_behind(cache, monkeypatch):
+    monkeypatch.setenv("CC", "false")
+    with pytest.raises(K.KernelUnavailable, match="compiling the kernel with .*false failed"):
+        K._library()
+    assert list(cache.iterdir()) == []
+
+
+@needs_kernel
+def test_a_second_process_reuses_the_cached_library(tmp_path):
+    """No rebuild per process: a second process with the same cache runs the compiler only for ``--version``."""
+    log = tmp_path / "cc.log"
+    cc = tmp_path / "cc-logged"
+    cc.write_text(f'#!/bin/sh\necho "$@" >> {log}\nexec {K._compiler()[0]} "$@"\n')
+    cc.chmod(0o755)
+    code = "import torch; from helpers.lab import rope_kernel as K; print(K.status(torch.bfloat16))"
+    env = {"CC": str(cc), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    first = _run(code, **env)
+    assert first.returncode == 0 and "available for" in first.stdout, first.stdout + first.stderr
+    compiles = [line for line in log.read_text().splitlines() if "--version" not in line]
+    assert compiles, "the first process compiled nothing"
+    log.write_text("")
+    second = _run(code, **env)
+    assert second.returncode == 0 and second.stdout == first.stdout, second.stdout + second.stderr
+    assert [line for line in log.read_text().splitlines() if "--version" not in line] == []

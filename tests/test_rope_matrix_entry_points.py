@@ -8,9 +8,8 @@ x positions: ``None``, ``(seq,)``, ``(batch, seq)`` with batch == heads and batc
 offsets, a list of Python ints;
 x dtypes: float32, float64, bfloat16, float16;
 x modes: gradients off, gradients on, first call under ``torch.inference_mode()`` then a
-call with gradients;
-x for bfloat16/float16: both implementations, the fused C kernel (``helpers.rope_kernel``)
-and the PyTorch-operator fallback (``helpers.rope_kernel.disabled()``).
+call with gradients. The opt-in fused kernel (``helpers.lab.rope_kernel.fused_apply_rope``, both
+layouts) has rows of its own for bfloat16/float16, where it can be built.
 
 The reference is independent of the code under test: every (example, position) row is
 multiplied by the dense block-diagonal :math:`R_m` in float64 (built here from the per-pair
@@ -20,7 +19,6 @@ ops. Backward passes are compared with autograd through that float64 reference.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 
@@ -29,9 +27,9 @@ import torch
 import torch.nn.functional as F
 
 from helpers import rope as R
-from helpers import rope_kernel
 from helpers.attention import MultiHeadAttention
 from helpers.kvcache import KVCache
+from helpers.lab import rope_kernel
 from helpers.model import TinyTransformer
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
@@ -43,18 +41,7 @@ TOL = {torch.float64: (1e-10, 1e-10), torch.float32: (2e-4, 1e-4), torch.bfloat1
 TOL_NET = {torch.float64: (1e-9, 1e-9), torch.float32: (1e-4, 1e-4), torch.bfloat16: (1.5e-1, 1e-1),
            torch.float16: (2e-2, 2e-2)}
 MODES = ["no_grad", "grad", "inference_first"]
-# (dtype, implementation): float16/bfloat16 run through the fused kernel and through the operator fallback
-DTYPE_PATHS = [pytest.param(dt, path, id=f"{str(dt).replace('torch.', '')}-{path}") for dt in DTYPES
-               for path in (("fused", "operators") if dt in (torch.bfloat16, torch.float16) else ("torch",))]
-
-
-def rope_path(path: str, dtype):
-    """The context that selects the implementation under test."""
-    if path == "operators":
-        return rope_kernel.disabled()
-    if path == "fused" and "used for" not in rope_kernel.status(dtype):
-        pytest.skip(f"fused RoPE kernel unavailable here: {rope_kernel.status(dtype)}")
-    return contextlib.nullcontext()
+DTYPE_IDS = [str(dt).replace("torch.", "") for dt in DTYPES]
 POSITIONS = ["none", "seq", "batch_eq_heads", "batch_ne_heads", "offset", "int_list"]
 D, S, BASE = 8, 5, 10000.0
 
@@ -143,6 +130,12 @@ ENTRY_POINTS = {
     "RotaryEmbedding": (lambda x, p, st: st["rot_i"](x, p), "interleaved", _theta(), 1.0),
     "RotaryEmbedding_half_scale": (lambda x, p, st: st["rot_h"](x, p), "half", _theta(), 2.0),
 }
+# the opt-in fused kernel: float16/bfloat16 CPU tensors only, where it can be built
+FUSED = {
+    "fused_apply_rope": (lambda x, p, st: rope_kernel.fused_apply_rope(x, p, BASE), "interleaved", _theta(), 1.0),
+    "fused_apply_rope_half": (lambda x, p, st: rope_kernel.fused_apply_rope(x, p, BASE, layout="half"), "half",
+                              _theta(), 1.0),
+}
 
 
 def fresh_state():
@@ -182,17 +175,26 @@ def run_mode(mode: str, dtype, make_input, forward, reference, tol):
     torch.testing.assert_close(x.grad.double(), x64.grad, atol=atol, rtol=rtol)
 
 
-@pytest.mark.parametrize("dtype,path", DTYPE_PATHS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("case", POSITIONS)
 @pytest.mark.parametrize("entry", list(ENTRY_POINTS))
-def test_rotation_entry_point(entry, case, dtype, path):
-    with rope_path(path, dtype):
-        for mode in MODES:  # the three modes in one test: fewer, cheaper tests
-            _rotation_entry_point(entry, case, dtype, mode)
+def test_rotation_entry_point(entry, case, dtype):
+    for mode in MODES:  # the three modes in one test: fewer, cheaper tests
+        _rotation_entry_point(ENTRY_POINTS[entry], case, dtype, mode)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("case", POSITIONS)
+@pytest.mark.parametrize("entry", list(FUSED))
+def test_fused_kernel_entry_point(entry, case, dtype):
+    if "available for" not in rope_kernel.status(dtype):
+        pytest.skip(f"fused RoPE kernel unavailable here: {rope_kernel.status(dtype)}")
+    for mode in MODES:
+        _rotation_entry_point(FUSED[entry], case, dtype, mode)
 
 
 def _rotation_entry_point(entry, case, dtype, mode):
-    call, layout, theta, div = ENTRY_POINTS[entry]
+    call, layout, theta, div = entry
     H = 2
     B = shape_for(case, H)
     arg, pos = make_positions(case, B, S)
@@ -255,13 +257,12 @@ def mha_ref(m: MultiHeadAttention, xq64, xk64, pq, pk, causal: bool):
 MHA_KINDS = ["self", "cross", "gqa", "kvcache"]
 
 
-@pytest.mark.parametrize("dtype,path", DTYPE_PATHS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("case", POSITIONS)
 @pytest.mark.parametrize("kind", MHA_KINDS)
-def test_multi_head_attention(kind, case, dtype, path):
-    with rope_path(path, dtype):
-        for mode in MODES:
-            _multi_head_attention(kind, case, dtype, mode)
+def test_multi_head_attention(kind, case, dtype):
+    for mode in MODES:
+        _multi_head_attention(kind, case, dtype, mode)
 
 
 def _multi_head_attention(kind, case, dtype, mode):
@@ -337,12 +338,11 @@ def tiny_ref(model: TinyTransformer, tokens, pos):
     return lin(model.head, ln(model.ln_f, x))
 
 
-@pytest.mark.parametrize("dtype,path", DTYPE_PATHS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("case", [c for c in POSITIONS if c != "offset"] + ["offset_kw"])
-def test_tiny_transformer(case, dtype, path):
-    with rope_path(path, dtype):
-        for mode in MODES:
-            _tiny_transformer(case, dtype, mode)
+def test_tiny_transformer(case, dtype):
+    for mode in MODES:
+        _tiny_transformer(case, dtype, mode)
 
 
 def _tiny_transformer(case, dtype, mode):

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from helpers.lab.roundoff import ROUNDOFF_TAG, roundoff
 

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # also when run as a script (--write)
 from pristine import pristine  # noqa: E402  (tools/pristine.py: the committed copy of a notebook the learner edited)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 from pathlib import Path
 
 import nbformat
@@ -186,7 +187,7 @@ def test_pipeline_execute_then_finalize_gives_a_picture(executed_tiny, tmp_path)
 
     path = tmp_path / "tiny.ipynb"
     nbformat.write(raw, path)
-    report = nt.finalize_file(path)
+    assert nt.main(["finalize", str(path)]) == 0
     done = nbformat.read(path, as_version=4)
     imgs, placeholders = _pictures_in_cell(_html(done), done.cells[0])
     assert imgs == [out.data["image/png"]] and placeholders == []
@@ -197,12 +198,12 @@ def test_pipeline_execute_then_finalize_gives_a_picture(executed_tiny, tmp_path)
     # the plain slider keeps its layout and style models; the explorer's 12 models are gone
     plain_refs = {m for m in kept if m != plain_id}
     assert len(plain_refs) == 2 and all(m in json.dumps(kept[plain_id]) for m in plain_refs)
-    assert len(report.pruned) == len(state) - 3
+    assert len(kept) == 3 and len(state) > 3
     imgs, placeholders = _pictures_in_cell(_html(done), done.cells[1])
     assert imgs == [] and len(placeholders) == 1  # a widget without a picture is still drawn as a widget
     assert nt.problems(done) == ["cell 1 (output 0): widget view without a static picture (image/png, image/jpeg, "
                                  "image/svg+xml); display explorers through helpers.viz.Explorer"]
-    assert not nt.finalize_file(path).changed  # idempotent
+    assert not nt.finalize(nbformat.read(path, as_version=4)).changed  # idempotent
 
 
 # ---------------------------------------------------------------- finalize on hand-made states
@@ -253,7 +254,7 @@ def test_finalize_empties_the_state_but_keeps_the_entry():
     nbformat.validate(nb)
 
 
-def test_errors_name_the_argument_and_rule(tmp_path):
+def test_errors_name_the_argument_and_rule():
     with pytest.raises(TypeError, match=r"nb must be a notebook \(nbformat.NotebookNode.*got dict"):
         nt.finalize({"cells": []})
     broken = _nb([("box", True)], None)
@@ -261,10 +262,14 @@ def test_errors_name_the_argument_and_rule(tmp_path):
     with pytest.raises(ValueError, match=r"metadata.widgets must hold .*widget-state\+json' with a 'state' dict"):
         nt.finalize(broken)
     assert nt.problems(broken)[0].startswith("metadata.widgets must hold")
-    with pytest.raises(ValueError, match=r"path must name a .ipynb notebook; got '.*notes.md'"):
-        nt.finalize_file(tmp_path / "notes.md")
-    with pytest.raises(ValueError, match=r"path must name an existing notebook file; '.*missing.ipynb' does not exist"):
-        nt.finalize_file(tmp_path / "missing.ipynb")
+
+
+def test_cli_errors_name_the_path_and_rule(tmp_path, capsys):
+    assert nt.main(["finalize", str(tmp_path / "notes.md")]) == 2
+    assert re.search(r"path must name a .ipynb notebook; got '.*notes.md'", capsys.readouterr().err)
+    assert nt.main(["finalize", str(tmp_path / "missing.ipynb")]) == 2
+    assert re.search(r"path must name an existing notebook file; '.*missing.ipynb' does not exist",
+                     capsys.readouterr().err)
 
 
 def test_cli_check_fails_until_finalized(tmp_path, capsys):

@@ -44,9 +44,14 @@ def test_prints_are_captured_not_shown(capsys):
 
 
 def test_callers_random_state_is_restored_in_process():
-    torch.manual_seed(123); random.seed(5); np.random.seed(9)
+    def seed_all():
+        torch.manual_seed(123)
+        random.seed(5)
+        np.random.seed(9)
+
+    seed_all()
     before = (torch.rand(1).item(), random.random(), np.random.rand())
-    torch.manual_seed(123); random.seed(5); np.random.seed(9)
+    seed_all()
     sweep(_noisy_training, [0, 1], workers=1)
     assert (torch.rand(1).item(), random.random(), np.random.rand()) == before
 
@@ -112,6 +117,7 @@ def test_sweep_figures_draw_every_seed():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     from helpers.viz import plot_sweep_curves, plot_sweep_points
 
     fig, (a1, a2) = plt.subplots(1, 2)
@@ -217,6 +223,7 @@ def test_paired_and_censored_figures():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     from helpers.viz.sweep import plot_paired, plot_time_to_threshold
 
     c = paired([0.9, 0.8, 1.0, 0.7, 0.6], [0.6, 0.5, 0.7, 0.8, 0.6], [10, 11, 12, 13, 14], a_name="dropout",
@@ -316,6 +323,7 @@ def test_progress_in_a_kernel_starts_and_ends_with_what_nbval_never_compares(mon
 def test_the_progress_png_is_one_transparent_pixel():
     import base64
     import io
+
     from PIL import Image
     img = Image.open(io.BytesIO(base64.b64decode(sweep_module._BLANK_PNG)))
     assert img.size == (1, 1) and img.convert("RGBA").getpixel((0, 0))[3] == 0

@@ -13,9 +13,9 @@ from helpers.tasks import (
     LookbackTask,
     MixedTask,
     Task,
+    TwoPositionTask,
     accuracy,
     make_task,
-    sequence_accuracy,
 )
 
 SETTINGS = settings(max_examples=20, deadline=None)
@@ -115,10 +115,9 @@ def test_accuracy_counts_only_scored_positions():
     logits = torch.nn.functional.one_hot(preds, 3).float()
     assert accuracy(logits, targets) == pytest.approx(2 / 3)
     assert Task.accuracy(logits, targets) == pytest.approx(2 / 3)
-    assert sequence_accuracy(logits, targets) == pytest.approx(0.5)
     x, y = make_task("lookback").make(4, 0)
     perfect = torch.nn.functional.one_hot(y.clamp(min=0), 8).float()
-    assert accuracy(perfect, y) == 1.0 and sequence_accuracy(perfect, y) == 1.0
+    assert accuracy(perfect, y) == 1.0
     assert accuracy(logits, torch.full((2, 3), IGNORE_INDEX)) != accuracy(logits, targets)  # NaN
     with pytest.raises(ValueError, match=r"logits must have shape targets.shape \+ \(vocab,\), got logits \(2, 3, 3\) and targets \(2, 2\)"):
         accuracy(logits, targets[:, :2])
@@ -150,3 +149,43 @@ def test_task_errors():
         MixedTask([])
     with pytest.raises(ValueError, match=r"num_symbols must be >= 2, got 1"):
         CopyTask(num_symbols=1)
+
+
+# ------------------------------------------------------------ two positions
+@SETTINGS
+@given(S=st.integers(2, 6), n=st.integers(5, 10), a=st.integers(1, 3), b=st.integers(1, 3), seed=st.integers(0, 99))
+def test_two_position_task_targets_and_determinism(S, n, a, b, seed):
+    if a == b:
+        b = a + 1  # <= 4 < n
+    task = TwoPositionTask(S, n, (a, b))
+    x, y = task.make(16, seed)
+    x2, y2 = task.make(16, seed)
+    assert torch.equal(x, x2) and torch.equal(y, y2)  # same seed, same data
+    assert x.shape == y.shape == (16, n) and int(x.max()) < S
+    assert task.vocab_size == S + S * S
+    m = max(a, b)
+    assert bool((y[:, :m] == IGNORE_INDEX).all())
+    for t in range(m, n):
+        torch.testing.assert_close(y[:, t], S + S * x[:, t - a] + x[:, t - b])
+    assert int(y[:, m:].max()) < task.vocab_size
+    names = task.token_names()
+    assert names[S + S * 1 + 0] == "1:0"
+
+
+def test_two_position_task_split_and_repr():
+    task = TwoPositionTask(8, 12, (1, 3))
+    s = task.split(64, 16, seed=0)
+    assert not ({tuple(r) for r in s.train[0].tolist()} & {tuple(r) for r in s.val[0].tolist()})
+    assert "offsets=(1, 3)" in repr(task)
+    assert not torch.equal(task.make(4, 0)[0], task.make(4, 1)[0])
+
+
+def test_two_position_task_bad_input():
+    with pytest.raises(ValueError, match=r"offsets must be two different ints in \[1, seq_len=12\), got \(2, 2\)"):
+        TwoPositionTask(8, 12, (2, 2))
+    with pytest.raises(ValueError, match=r"offsets must be two different ints in \[1, seq_len=4\), got \(1, 4\)"):
+        TwoPositionTask(8, 4, (1, 4))
+    with pytest.raises(TypeError, match=r"offsets must be a pair of ints \(a, b\), got 3"):
+        TwoPositionTask(8, 12, 3)
+    with pytest.raises(ValueError, match=r"num_symbols must be >= 2, got 1"):
+        TwoPositionTask(1, 12)

@@ -17,11 +17,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-import helpers
 from helpers import MultiHeadAttention, TinyTransformer, causal_mask
 from helpers.practice.mha import SCAFFOLD
-from helpers.viz.attention import (attention_explorer, attention_explorer_state, attention_grid, plot_split_merge,
-                                   stack_attention)
+from helpers.viz.attention import (
+    attention_explorer,
+    attention_explorer_state,
+    attention_grid,
+    plot_split_merge,
+    stack_attention,
+)
 from pristine import pristine  # tools/pristine.py: the committed copy of a notebook the learner edited
 
 NB03 = Path(__file__).resolve().parents[1] / "notebooks" / "03_mha_from_scratch.ipynb"
@@ -40,8 +44,8 @@ def test_stack_attention_from_model_weights():
     model(tokens)
     w = stack_attention(model.attention_weights, example=2)
     assert w.shape == (3, 2, 7, 7) and w.dtype == torch.float32
-    for l in range(3):
-        torch.testing.assert_close(w[l], model.attention_weights[l][2])
+    for layer in range(3):
+        torch.testing.assert_close(w[layer], model.attention_weights[layer][2])
     # a (layers, heads, seq, seq) tensor and a list of (heads, seq, seq) give the same thing
     torch.testing.assert_close(stack_attention(w), w)
     torch.testing.assert_close(stack_attention([w[0], w[1], w[2]]), w)

@@ -1,9 +1,10 @@
 """Tests of helpers.viz.explorer's redraw pipeline (issue 34): the stage record, the PNG encoder, the
-text-caching canvas, blitting with backgrounds per axis limits and overlays, and the coalescing of
-slider changes that come from the browser."""
+text-caching canvas, blitting with backgrounds per axis limits, moving axes and overlays, compute on one
+torch thread, and the coalescing of slider changes that come from the browser."""
 from __future__ import annotations
 
 import io
+import time
 
 import numpy as np
 import PIL.Image
@@ -13,6 +14,7 @@ import torch
 from helpers.viz.explorer import Coalescer, Explorer, _png, _TextCachingRenderer
 
 STAGES = ("compute", "draw", "render", "encode", "send", "total")
+RECORD = STAGES + ("queued", "start")  # a frame's wait on the coalescer's timer (ms) and its start (monotonic s)
 
 
 def _tiny(animated: bool = True, overlays: bool = False, coalesce_ms: float = 50.0):
@@ -86,9 +88,16 @@ class FakeTimer:
         self.cancelled = True
 
 
-def _with_fake_loop(ex, interval_s=0.05):
+def _with_fake_loop(ex, interval_s=0.05, frame_s=0.05):
+    """The explorer's coalescer on a fake clock on which every frame takes ``frame_s`` (so the rest after a
+    frame is ``min(interval_s, frame_s)``)."""
     loop = FakeLoop()
-    ex._coalescer = Coalescer(ex.update, interval_s, clock=loop.clock, call_later=lambda: loop.call_later)
+
+    def frame():
+        ex.update()
+        loop.now += frame_s
+
+    ex._coalescer = Coalescer(frame, interval_s, clock=loop.clock, call_later=lambda: loop.call_later)
     return loop
 
 
@@ -99,10 +108,12 @@ def test_every_update_records_its_stages():
     ex.controls["a"].value = 4
     assert len(ex.stage_ms) == len(ex.times_ms) == 3  # the first frame, set(), a slider assignment
     for rec, total in zip(ex.stage_ms, ex.times_ms):
-        assert tuple(rec) == STAGES and all(v >= 0 for v in rec.values())
-        assert rec["total"] == total
+        assert tuple(rec) == RECORD and all(v >= 0 for v in rec.values())
+        assert rec["total"] == total and rec["queued"] == 0  # drawn at once
         assert sum(rec[s] for s in STAGES[:-1]) == pytest.approx(rec["total"], abs=0.5)
     assert ex.last_ms == ex.stage_ms[-1]["total"]
+    starts = [rec["start"] for rec in ex.stage_ms]
+    assert starts == sorted(starts) and starts[-1] <= time.monotonic()  # the clock other processes share
     # the hidden timing widget names the kernel's time and the values the frame was computed from
     assert 'data-values="[4]"' in ex.timing.value and f'data-kernel-ms="{ex.last_ms:.1f}"' in ex.timing.value
 
@@ -156,9 +167,24 @@ def test_text_cache_draws_like_matplotlib_and_rasterises_each_string_once():
     np.testing.assert_array_equal(np.asarray(cached.buffer_rgba())[..., :3], b)
 
 
+def test_measuring_a_new_string_keeps_its_bitmap_for_the_draw():
+    from matplotlib.backends.backend_agg import RendererAgg
+    from matplotlib.font_manager import FontProperties
+
+    renderer, stock = _TextCachingRenderer(200, 100, 80), RendererAgg(200, 100, 80)
+    prop = FontProperties(size=9)
+    for s in ("gap at eps=0.23: 3.41", "wavelength 6.28", ""):
+        assert renderer.get_text_width_height_descent(s, prop, False) == stock.get_text_width_height_descent(s, prop, False)
+        assert (s, prop, 80, True, None, None) in renderer._strings  # the key a default text draws with
+    n = len(renderer._strings)
+    assert renderer.get_text_width_height_descent("$x^2$", prop, True) == stock.get_text_width_height_descent("$x^2$", prop, True)
+    assert len(renderer._strings) == n  # mathtext keeps matplotlib's path
+
+
 def test_text_cache_falls_back_to_matplotlib_when_the_font_api_differs(monkeypatch):
-    import helpers.viz.explorer as explorer_module
     from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    import helpers.viz.explorer as explorer_module
 
     def broken():
         raise AttributeError("another matplotlib")
@@ -182,6 +208,43 @@ def test_blitted_frames_match_a_full_draw_also_when_limits_change():
             d = np.abs(blit - _full_render(ex)).max(-1)
             assert (d > 64).mean() < 0.01, (move, (d > 64).mean())  # only where moving artists cross static ones
         assert 1 < len(ex._backgrounds) <= Explorer.BACKGROUNDS  # a background per set of axis limits
+
+
+def test_moving_axes_change_limits_without_a_full_draw(monkeypatch):
+    from helpers.viz import rope_cache_explorer, tile_schedule_explorer
+
+    for ex, moves in [(tile_schedule_explorer(), [{"seq_len": L} for L in (256, 2048, 4096, 64)]),
+                      (rope_cache_explorer(), [{"head_dim": 128}, {"positions": (64, 4096)}, {"head_dim": 8},
+                                               {"positions": (0, 16384)}])]:
+        assert ex._moving_axes and len(ex._bases) == 1  # the rest of the figure, rendered once
+        full = []
+        canvas = ex.figure.canvas
+        monkeypatch.setattr(canvas, "draw", lambda *a, _draw=canvas.draw, **k: (full.append(1), _draw(*a, **k))[1])
+        for move in moves:
+            before = ex._limits()
+            ex.set(**move)
+            assert ex._limits() != before  # every move changes the limits ...
+        assert not full and len(ex._bases) == 1  # ... and none drew the figure whole
+        monkeypatch.undo()
+        d = np.abs(np.asarray(PIL.Image.open(io.BytesIO(ex.image.value))).astype(int) - _full_render(ex)).max(-1)
+        assert (d > 64).mean() < 0.01  # still the figure a full draw makes
+
+
+def test_a_moving_axis_needs_its_data_artists_animated():
+    import ipywidgets as widgets
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(4, 3))
+    ax = fig.add_subplot()
+    (line,) = ax.plot([0, 1], [0, 1])
+    (static,) = ax.plot([0, 1], [1, 0])
+    ax.text(0.5, 0.5, "in axes coordinates", transform=ax.transAxes)  # does not move with the limits: allowed
+    controls = {"a": widgets.IntSlider(value=1, min=1, max=5)}
+    with pytest.raises(ValueError, match="its data artists must be animated too"):
+        Explorer(controls, lambda a: {"a": a}, lambda s: ax.set_xlim(0, s["a"]), fig, str, animated=[line, ax.xaxis])
+    ex = Explorer(controls, lambda a: {"a": a}, lambda s: ax.set_xlim(0, s["a"]), fig, str,
+                  animated=[line, static, ax.xaxis])
+    assert ex.set(a=3) and ex._moving == [line, static] and ex._moving_axes == [ax.xaxis]
 
 
 def test_backgrounds_are_kept_for_moves_back_and_bounded():
@@ -212,6 +275,21 @@ def test_overlays_stay_on_top_and_need_animated():
         _tiny(animated=False, overlays=True)
 
 
+def test_rows_lay_out_the_controls():
+    import ipywidgets as widgets
+    from matplotlib.figure import Figure
+
+    from helpers.viz import rope_explorer
+
+    ex = rope_explorer()
+    rows = [row.children for row in ex.widget.children[:2]]
+    assert rows == [(ex.controls["m"],), (ex.controls["pair"], ex.controls["log10_base"])]
+    assert ex.controls["m"].layout.width == "720px"  # 01's m: a long track, under half a position per pixel
+    controls = {"a": widgets.IntSlider(), "b": widgets.IntSlider()}
+    with pytest.raises(ValueError, match="rows must name every control once"):
+        Explorer(controls, lambda a, b: {}, lambda s: None, Figure(figsize=(2, 2)), str, rows=[["a"], ["a"]])
+
+
 def test_static_png_is_the_initial_state_at_full_resolution():
     import base64
 
@@ -224,23 +302,77 @@ def test_static_png_is_the_initial_state_at_full_resolution():
 
 
 # ------------------------------------------------------------------ coalescing
-def test_coalescer_runs_at_once_then_once_on_the_trailing_edge():
-    loop, runs = FakeLoop(), []
-    c = Coalescer(lambda: runs.append(loop.now), 0.05, clock=loop.clock, call_later=lambda: loop.call_later)
-    c.request()  # idle: at once
-    assert runs == [100.0] and not c.pending
+def test_coalescer_rests_as_long_as_the_last_run_took_at_most_the_interval():
+    loop, runs, took = FakeLoop(), [], [0.02]
+
+    def fn():
+        runs.append(loop.now)
+        loop.now += took[0]  # the run takes this long
+
+    c = Coalescer(fn, 0.05, clock=loop.clock, call_later=lambda: loop.call_later)
+    c.request()  # idle: at once; it ends at 100.02, and the next may start at 100.04
+    assert runs == [100.0] and c._timer is None
     loop.advance(0.01)
     c.request()
     c.request()
-    c.request()  # three changes in quick succession: one run, 50 ms after the last ended
-    assert runs == [100.0] and c.pending and c.coalesced == 2
-    loop.advance(0.03)
+    c.request()  # three changes in quick succession: one run, at the end of the rest
+    assert runs == [100.0] and c._timer is not None and c.coalesced == 2
+    loop.advance(0.009)
     assert runs == [100.0]
-    loop.advance(0.01)
-    assert runs == [100.0, pytest.approx(100.05)] and not c.pending
+    loop.advance(0.002)
+    assert runs == [100.0, pytest.approx(100.04, abs=0.002)] and c._timer is None
     loop.advance(0.2)
-    c.request()  # a change after the interval: at once
-    assert len(runs) == 3 and runs[-1] == pytest.approx(100.25) and c.runs == 3
+    c.request()  # a change after the rest: at once
+    assert len(runs) == 3 and runs[-1] == pytest.approx(100.261) and c.runs == 3
+    took[0] = 0.2  # a long run: the rest is the interval, not 200 ms
+    loop.advance(1.0)
+    c.request()
+    end = loop.now
+    c.request()
+    loop.advance(0.049)
+    assert len(runs) == 4 and c._timer is not None
+    loop.advance(0.002)
+    assert len(runs) == 5 and runs[-1] == pytest.approx(end + 0.05, abs=0.002)
+
+
+def test_a_frame_drawn_on_the_timer_records_its_wait():
+    ex, calls = _tiny()
+    loop = _with_fake_loop(ex)
+    _from_browser(ex, "a", 1)  # at once
+    loop.advance(0.02)
+    _from_browser(ex, "a", 2)  # scheduled for 50 ms after the first frame ended: it waits 30 ms
+    loop.advance(0.03)
+    assert calls[-1] == 2
+    assert ex.stage_ms[-2]["queued"] == 0 and ex.stage_ms[-1]["queued"] == pytest.approx(30.0)
+    assert ex._coalescer.queued_s == 0  # only while that frame runs
+
+
+def test_selection_sliders_from_the_browser_coalesce_too():
+    import ipywidgets as widgets
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(3, 2))
+    (line,) = fig.add_subplot().plot([0, 1], [0, 0])
+    calls = []
+    ex = Explorer({"s": widgets.SelectionSlider(options=["a", "b", "c"], value="a")},
+                  lambda s: calls.append(s) or {"s": s}, lambda st: None, fig, str, animated=[line])
+    loop = _with_fake_loop(ex)
+    ex.controls["s"].set_state({"index": 1})  # the browser sends a selection slider's index, not its value
+    ex.controls["s"].set_state({"index": 2})
+    assert calls[-2:] == ["a", "b"] and ex._coalescer._timer is not None
+    loop.advance(0.05)
+    assert calls[-1] == "c"
+
+
+def test_compute_runs_on_one_torch_thread_and_the_count_is_restored():
+    import ipywidgets as widgets
+    from matplotlib.figure import Figure
+
+    seen = []
+    before = torch.get_num_threads()
+    Explorer({"a": widgets.IntSlider(value=0)}, lambda a: seen.append(torch.get_num_threads()) or {}, lambda s: None,
+             Figure(figsize=(2, 2)), str).set(a=1)
+    assert seen == [1, 1] and torch.get_num_threads() == before
 
 
 def test_coalescer_without_a_loop_runs_every_request_at_once():
@@ -248,7 +380,7 @@ def test_coalescer_without_a_loop_runs_every_request_at_once():
     c = Coalescer(lambda: runs.append(1), 10.0, call_later=lambda: None)
     for _ in range(3):
         c.request()
-    assert runs == [1, 1, 1] and not c.pending
+    assert runs == [1, 1, 1] and c._timer is None
     with pytest.raises(ValueError, match="interval_s must be a number >= 0, got -1"):
         Coalescer(lambda: None, -1)
 
@@ -276,9 +408,9 @@ def test_changes_from_code_are_drawn_at_once_and_drop_a_pending_frame():
     loop = _with_fake_loop(ex)
     _from_browser(ex, "a", 1)  # drawn at once
     _from_browser(ex, "a", 2)  # within the interval: pending
-    assert ex._coalescer.pending and ex.state["a"] == 1
+    assert ex._coalescer._timer is not None and ex.state["a"] == 1
     assert ex.set(a=6)["a"] == 6 and ex.state["a"] == 6  # set() returns the new state now
-    assert not ex._coalescer.pending  # the pending frame would only repeat it
+    assert ex._coalescer._timer is None  # the pending frame would only repeat it
     ex.controls["a"].value = 7  # a slider assignment in a cell, while a loop runs
     assert ex.state["a"] == 7 and calls[-1] == 7
     n = len(calls)

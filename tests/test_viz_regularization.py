@@ -11,7 +11,13 @@ import pytest
 import torch
 
 from helpers.regularization import dropout, optimal_logit_gap
-from helpers.viz.regularization import MAX_CLASSES, dropout_explorer, dropout_state, label_smoothing_explorer, label_smoothing_state
+from helpers.viz.regularization import (
+    MAX_CLASSES,
+    dropout_explorer,
+    dropout_state,
+    label_smoothing_explorer,
+    label_smoothing_state,
+)
 from pristine import pristine  # tools/pristine.py: the committed copy of a notebook the learner edited
 
 NB04 = Path(__file__).resolve().parents[1] / "notebooks" / "04_regularization.ipynb"
@@ -65,6 +71,7 @@ def test_residual_dropout_blocks_order_and_labels():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     from helpers.viz.regularization import RESIDUAL_BLOCK_STEPS, plot_residual_dropout_blocks
 
     # the two placements match helpers.TransformerBlock: dropout on the branch, before the addition

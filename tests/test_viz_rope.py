@@ -39,7 +39,10 @@ def test_state_is_pure_and_correct():
     assert again["angle"] == s["angle"] and np.array_equal(again["bound"], s["bound"])
 
 
-@pytest.mark.parametrize("kwargs, match", [({"m": 0, "pair": 32, "log10_base": 4.0}, r"pair must be in \[0, head_dim/2\) = \[0, 32\), got 32"), ({"m": -1, "pair": 0, "log10_base": 4.0}, "m must be >= 0, got -1")])
+@pytest.mark.parametrize("kwargs, match", [
+    ({"m": 0, "pair": 32, "log10_base": 4.0}, r"pair must be in \[0, head_dim/2\) = \[0, 32\), got 32"),
+    ({"m": -1, "pair": 0, "log10_base": 4.0}, "m must be >= 0, got -1"),
+])
 def test_state_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         rope_explorer_state(head_dim=64, **kwargs)
@@ -59,35 +62,6 @@ def test_explorer_sliders_drive_the_state_figure_and_label():
     assert len(ex.times_ms) == n_updates + 1 and ex.state["pair"] == 1
     with pytest.raises(ValueError, match="unknown control 'x'"):
         ex.set(x=1)
-
-
-def test_plot_scores_vs_bound_draws_every_curve_and_checks_shapes():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from helpers.viz.rope import plot_scores_vs_bound
-
-    dec = long_term_decay(16, 10000.0, 40)
-    zeros = np.zeros_like(dec["distance"])
-    fig = plot_scores_vs_bound(dec["distance"], dec["bound"], dec["ones_score"], dec["ones_score"], zeros, zeros + 1, head_dim=16)
-    ax = fig.axes[0]
-    bound_line = [ln for ln in ax.get_lines() if ln.get_label().startswith("relative bound")][0]
-    ones_line = [ln for ln in ax.get_lines() if ln.get_label().startswith("score")][0]
-    # every curve divided by its own value at distance 0: no "bound" drawn on the score axis
-    assert bound_line.get_ydata() == pytest.approx(dec["bound"] / dec["bound"][0])
-    assert ones_line.get_ydata() == pytest.approx(dec["ones_score"] / 16.0)
-    assert bound_line.get_ydata()[0] == pytest.approx(1.0) and ones_line.get_ydata()[0] == pytest.approx(1.0)
-    assert ax.get_ylabel().startswith("normalised")
-    assert ax.get_xscale() == "symlog" and len(ax.collections) == 1  # the independent band
-    band = ax.collections[0].get_paths()[0].vertices[:, 1]
-    assert band.max() == pytest.approx(1.0) and band.min() == pytest.approx(-1.0)  # (0 +- 1) / std at 0 = +-1
-    with pytest.raises(ValueError, match=r"independent_std must have the shape of distance \(41,\), got \(3,\)"):
-        plot_scores_vs_bound(dec["distance"], dec["bound"], dec["ones_score"], dec["ones_score"], zeros, np.ones(3), head_dim=16)
-    with pytest.raises(ValueError, match=r"independent_std\[0\] \(the value at distance 0\) must be finite and non-zero"):
-        plot_scores_vs_bound(dec["distance"], dec["bound"], dec["ones_score"], dec["ones_score"], zeros, zeros, head_dim=16)
-    plt.close("all")
 
 
 def test_plot_clock_dials_values_curve_and_errors():

@@ -340,7 +340,9 @@ def hours(minutes: float) -> str:
 
 
 def notebooks() -> list[Path]:
-    return sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")) + sorted((ROOT / "notebooks" / "appendix").glob("[0-9][0-9]*_*.ipynb"))  # not a hidden committed copy (tools/pristine.py)
+    # the named lessons and appendices, not a hidden committed copy (tools/pristine.py)
+    return (sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+            + sorted((ROOT / "notebooks" / "appendix").glob("[0-9][0-9]*_*.ipynb")))
 
 
 def readme_cell(b: Budget) -> str:

@@ -12,6 +12,8 @@ Nothing here is a piece of a transformer; each module measures or reports one:
   torch call (notebook 02 §6, appendix 02a).
 * :mod:`helpers.lab.memory` -- ``peak_memory``: the peak bytes of the tensors a call creates
   (notebook 08 §3).
+* :mod:`helpers.lab.rope_kernel` -- ``fused_apply_rope``: an opt-in fused C kernel for bfloat16/float16
+  RoPE, measured in appendix 02a §3. Not imported here: nothing loads it unless asked.
 
 Import from here: ``from helpers.lab import paired, roundoff``.
 """

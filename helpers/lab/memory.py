@@ -98,10 +98,6 @@ class MemoryReport:
     ops: list = field(repr=False, default_factory=list)
     result: Any = field(repr=False, default=None)
 
-    @property
-    def peak_mib(self) -> float:
-        return self.peak_bytes / 2 ** 20
-
 
 def peak_memory(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> MemoryReport:
     r"""Run ``fn(*args, **kwargs)`` under :class:`AllocationCounter` and report its peak memory.

@@ -229,16 +229,6 @@ class PairedComparison:
         """``"a - b"``, the difference's name."""
         return f"{self.a_name} - {self.b_name}"
 
-    @property
-    def min_wilcoxon_p(self) -> float:
-        """The smallest two-sided p the signed-rank test can give here: ``2 / 2**m``, ``m`` = non-tied seeds.
-
-        With ``m < 6`` it is above 0.05 (``m = 5``: 0.0625), so no outcome could be
-        "significant" at 5%: the test has no power, and a large p says nothing.
-        """
-        m = self.n_better + self.n_worse
-        return 1.0 if m == 0 else min(1.0, 2.0 / 2 ** m)
-
     def line(self, fmt: Optional[str] = None) -> str:
         """One line for a notebook, e.g.
         ``"dropout - none: better in 6 of 8 seeds, mean +0.28 [95% t CI +0.12, +0.44], Wilcoxon p = 0.016, sign test p = 0.29"``.
@@ -260,8 +250,8 @@ class PairedComparison:
         text = (f"{self.label}: {counts}, {spread}, Wilcoxon p {_fmt_p(self.wilcoxon_p)}, "
                 f"sign test p {_fmt_p(self.sign_p)}")
         m = self.n_better + self.n_worse
-        if 0 < m < 6:
-            text += f" (with {m} non-tied seeds no p can go below {self.min_wilcoxon_p:.2g})"
+        if 0 < m < 6:  # the signed-rank test's smallest two-sided p is 2 / 2**m: above 0.05 for m < 6, no power
+            text += f" (with {m} non-tied seeds no p can go below {2.0 / 2 ** m:.2g})"
         if self.better == "lower":
             text += "; lower is better"
         return text

@@ -50,8 +50,8 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from .stats import Censored, PairedComparison, k_of_n_interval, km_median, paired, time_to_threshold
 from ..utils import seed_everything
+from .stats import Censored, PairedComparison, k_of_n_interval, km_median, paired, time_to_threshold
 
 __all__ = ["SweepError", "SweepResult", "available_cores", "first_step_reaching", "sweep"]
 

@@ -24,7 +24,7 @@ test fails loudly before any notebook number drifts.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import torch
 from torch.overrides import TorchFunctionMode

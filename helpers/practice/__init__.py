@@ -41,36 +41,67 @@ The daily practice of notebook 00 (每日默写) puts every checker on a spaced-
 Everything listed in each module's ``__all__`` is re-exported here (``from helpers.practice import
 check_mha``); :mod:`helpers` itself exports only the reference code.
 """
-from .engine import (
-    CheckResult, PlantedMistake, Reject, TestInput, as_tensor_result, clone_args, diagnose, labelled,
-    mistake_symptoms, run_check,
-)
-from .rope import (
-    ROPE_ADVICE, ROPE_HALF_MISTAKES, ROPE_INTERLEAVED_MISTAKES, ROTATION_MATRIX_ADVICE, ROTATION_MATRIX_MISTAKES,
-    check_rope_half, check_rope_interleaved, check_rotation_matrix, rope_half_solution, rope_interleaved_solution,
-    rotation_matrix_solution,
-)
-from .mha import BUG_MESSAGES, PLANTED_BUGS, SCAFFOLD, MHACheck, NotesMHA, check_mha, planted_bug_symptoms
+from . import attention, engine, flash, heads, kvcache, mha, positional, regularization, rope
 from .attention import SDPA_ADVICE, SDPA_MISTAKES, causal_sdpa_solution, check_causal_sdpa
-from .regularization import (
-    DROPOUT_ADVICE, DROPOUT_MISTAKES, LABEL_SMOOTHING_ADVICE, LABEL_SMOOTHING_MISTAKES, LABEL_SMOOTHING_SOLUTIONS,
-    check_dropout, check_label_smoothing, dropout_solution,
+from .daily import Practice
+from .deck import CARDS, DECK, CardSpec, PracticeError
+from .engine import (
+    CheckResult,
+    PlantedMistake,
+    Reject,
+    TestInput,
+    as_tensor_result,
+    clone_args,
+    diagnose,
+    mistake_symptoms,
+    run_check,
+)
+from .flash import (
+    MERGE_ADVICE,
+    MERGE_MISTAKES,
+    ONLINE_SOFTMAX_ADVICE,
+    ONLINE_SOFTMAX_MISTAKES,
+    check_merge_partials,
+    check_online_softmax_update,
+    merge_partials_solution,
+    online_softmax_update_solution,
 )
 from .heads import HEAD_IMPORTANCE_ADVICE, HEAD_IMPORTANCE_MISTAKES, check_head_importance, head_importance_solution
-from .positional import (
-    ALIBI_SLOPES_ADVICE, ALIBI_SLOPES_MISTAKES, SINUSOIDAL_ADVICE, SINUSOIDAL_MISTAKES, alibi_slopes_solution,
-    check_alibi_slopes, check_sinusoidal, sinusoidal_solution,
-)
 from .kvcache import KV_DECODE_ADVICE, KV_DECODE_MISTAKES, check_kv_decode_step, kv_decode_step_solution
-from .flash import (
-    MERGE_ADVICE, MERGE_MISTAKES, ONLINE_SOFTMAX_ADVICE, ONLINE_SOFTMAX_MISTAKES, check_merge_partials,
-    check_online_softmax_update, merge_partials_solution, online_softmax_update_solution,
+from .mha import BUG_MESSAGES, PLANTED_BUGS, SCAFFOLD, MHACheck, NotesMHA, check_mha, planted_bug_symptoms
+from .positional import (
+    ALIBI_SLOPES_ADVICE,
+    ALIBI_SLOPES_MISTAKES,
+    SINUSOIDAL_ADVICE,
+    SINUSOIDAL_MISTAKES,
+    alibi_slopes_solution,
+    check_alibi_slopes,
+    check_sinusoidal,
+    sinusoidal_solution,
 )
-
-from . import attention, engine, heads, kvcache, mha, positional, regularization, rope
-from . import flash
-from .deck import CARDS, DECK, CardSpec, PracticeError
-from .daily import Practice
+from .regularization import (
+    DROPOUT_ADVICE,
+    DROPOUT_MISTAKES,
+    LABEL_SMOOTHING_ADVICE,
+    LABEL_SMOOTHING_MISTAKES,
+    LABEL_SMOOTHING_SOLUTIONS,
+    check_dropout,
+    check_label_smoothing,
+    dropout_solution,
+)
+from .rope import (
+    ROPE_ADVICE,
+    ROPE_HALF_MISTAKES,
+    ROPE_INTERLEAVED_MISTAKES,
+    ROTATION_MATRIX_ADVICE,
+    ROTATION_MATRIX_MISTAKES,
+    check_rope_half,
+    check_rope_interleaved,
+    check_rotation_matrix,
+    rope_half_solution,
+    rope_interleaved_solution,
+    rotation_matrix_solution,
+)
 
 __all__ = [
     *engine.__all__, *rope.__all__, *mha.__all__, *attention.__all__, *regularization.__all__,

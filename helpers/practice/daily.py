@@ -34,7 +34,8 @@ from typing import Optional
 
 from fsrs import Card, Rating, ReviewLog, Scheduler, State
 
-from .deck import CARDS, DECK, CardSpec, PracticeError, card as _card
+from .deck import CARDS, DECK, CardSpec, PracticeError
+from .deck import card as _card
 from .runner import Outcome, run_solution
 from .store import Store
 
@@ -167,7 +168,7 @@ class Practice:
         now: fix the clock (ISO date-time, UTC unless it has an offset, or a :class:`Clock`); default
             ``ATTN_PRACTICE_NOW``, else the real clock.
         timeout: seconds a check may take (default ``ATTN_PRACTICE_TIMEOUT`` or 60).
-        parameters: FSRS's parameters (default py-fsrs's; :meth:`fit_parameters` fits them to your history).
+        parameters: FSRS's parameters (default py-fsrs's).
     """
 
     def __init__(self, store: Store | str | os.PathLike | None = None, now: Optional[str | datetime | Clock] = None,
@@ -372,30 +373,6 @@ class Practice:
                  "passed at the first try (Good or Easy), by notebook: "
                  + (", ".join(f"{t}: {p}/{n}" for t, (p, n) in s["first_try"].items()) or "none yet")]
         print("\n".join(lines))
-
-    def reschedule(self) -> dict[str, Card]:
-        """Recompute every card's state from the full review log (e.g. after changing the scheduler)."""
-        logs: dict[str, list[ReviewLog]] = {}
-        for r in self.reviews():
-            logs.setdefault(r["card"], []).append(r["review_log"])
-        return {cid: _replay(self.scheduler, cid, card_logs) for cid, card_logs in logs.items()}
-
-    def fit_parameters(self, min_reviews: int = 400) -> tuple[float, ...]:
-        """FSRS's 21 parameters fitted to this store's review log by py-fsrs's optimizer (optional).
-
-        Pass them back as ``Practice(parameters=...)``. Needs ``min_reviews`` reviews or more, and the
-        optimizer's extra packages (``pip install "fsrs[optimizer]"``: torch, pandas, tqdm; not pinned here).
-        """
-        logs = [r["review_log"] for r in self.reviews()]
-        if len(logs) < min_reviews:
-            raise PracticeError(f"fit_parameters: the store holds {len(logs)} reviews; fitting needs at least "
-                                f"{min_reviews} (rule: min_reviews), else the defaults are the better guess")
-        try:
-            from fsrs.optimizer import Optimizer
-            import pandas  # noqa: F401  (the optimizer imports it lazily)
-        except ImportError as e:
-            raise PracticeError(f"fit_parameters needs py-fsrs's optimizer extras: pip install \"fsrs[optimizer]\" ({e})") from None
-        return tuple(Optimizer(logs).compute_optimal_parameters())
 
     def plot(self):
         """The progress figure (:func:`helpers.practice.progress.plot_progress`)."""

@@ -129,7 +129,9 @@ DECK: tuple[CardSpec, ...] = (
         "Write my_dropout(x, p, training=True, generator=None): in training zero each element with "
         "probability p and scale the kept ones so the expectation is unchanged; at evaluation return x. "
         "Draw the mask with torch.rand(x.shape, generator=generator). Checked against helpers.regularization.dropout.",
-        'def my_dropout(x, p, training=True, generator=None):\n    """Inverted dropout of x (any shape) with drop probability p; the identity when not training."""\n    ...  # your code here\n',
+        'def my_dropout(x, p, training=True, generator=None):\n'
+        '    """Inverted dropout of x (any shape) with drop probability p; the identity when not training."""\n'
+        '    ...  # your code here\n',
         "Keep an element where its uniform number is at least p (the probability of dropping). "
         "Which branch divides by 1 - p: training or evaluation? What should p = 0 return?",
         (_c("my_dropout", "regularization:check_dropout"),),
@@ -139,8 +141,14 @@ DECK: tuple[CardSpec, ...] = (
         "Write my_ls_uniform(logits, target, eps, ignore_index=-100), q = (1-eps) onehot + eps/V, and "
         "my_ls_others(...), q_y = 1-eps and q_k = eps/(V-1) otherwise. logits (N, V), target (N,); rows "
         "with target == ignore_index count for nothing; return the mean over the others, a 0-d tensor.",
-        'def my_ls_uniform(logits, target, eps, ignore_index=-100):\n    """Mean label-smoothed cross-entropy, q = (1 - eps) onehot + eps/V, over rows with target != ignore_index."""\n    ...  # your code here\n\n\n'
-        'def my_ls_others(logits, target, eps, ignore_index=-100):\n    """The same with q_y = 1 - eps and q_k = eps/(V-1) for k != y (the notes\' convention)."""\n    ...  # your code here\n',
+        'def my_ls_uniform(logits, target, eps, ignore_index=-100):\n'
+        '    """Mean label-smoothed cross-entropy, q = (1 - eps) onehot + eps/V, over rows with target != ignore_index."""\n'
+        '    ...  # your code here\n'
+        '\n'
+        '\n'
+        'def my_ls_others(logits, target, eps, ignore_index=-100):\n'
+        '    """The same with q_y = 1 - eps and q_k = eps/(V-1) for k != y (the notes\' convention)."""\n'
+        '    ...  # your code here\n',
         "Start from torch.log_softmax(logits, dim=-1) and keep the rows with target != ignore_index. "
         "Build q with torch.full_like and index the true classes with q[torch.arange(n), t]. "
         "In one convention you add 1 - eps to the true class, in the other you set it.",
@@ -152,7 +160,9 @@ DECK: tuple[CardSpec, ...] = (
         "Write my_importance(model, inputs, targets): model(tokens, head_mask=xi) multiplies head (l, h)'s "
         "output by xi[l, h]; inputs, targets (batch, seq) long, target -100 = not scored. Return "
         "I_h = mean over examples of |dL(x)/d xi_h|, (num_layers, num_heads), L(x) the mean cross-entropy of example x.",
-        'def my_importance(model, inputs, targets):\n    """Michel et al.\'s I = mean over examples x of |dL(x)/d xi|, a (num_layers, num_heads) tensor, i.e. (N, H)."""\n    ...  # your code here\n',
+        'def my_importance(model, inputs, targets):\n'
+        '    """Michel et al.\'s I = mean over examples x of |dL(x)/d xi|, a (num_layers, num_heads) tensor, i.e. (N, H)."""\n'
+        '    ...  # your code here\n',
         "Make the gates a leaf tensor, torch.ones(N, H, requires_grad=True), pass it as head_mask and get "
         "dL/dxi with torch.autograd.grad(loss, gates). Where does the absolute value go: before or after the "
         "average over examples? What should a row whose targets are all -100 contribute?",
@@ -171,7 +181,9 @@ DECK: tuple[CardSpec, ...] = (
         "alibi_slopes", "ALiBi's slopes", "06_positional_encodings_compared.ipynb", "Exercise 7",
         "Write my_alibi_slopes(num_heads): the list of the num_heads slopes of Press et al. (2022) for any "
         "head count, as the authors' code computes them. Checked for 8, 2, 6, 12 and 5 heads.",
-        'def my_alibi_slopes(num_heads):\n    """The num_heads ALiBi slopes in the order of Press et al.\'s get_slopes (for 6 heads: 1/4, 1/16, 1/64, 1/256, 1/2, 1/8)."""\n    ...  # your code here\n',
+        'def my_alibi_slopes(num_heads):\n'
+        '    """The num_heads ALiBi slopes in the order of Press et al.\'s get_slopes (for 6 heads: 1/4, 1/16, 1/64, 1/256, 1/2, 1/8)."""\n'
+        '    ...  # your code here\n',
         "For a power of two n: 2**(-8k/n) for k = 1..n. Otherwise take p, the largest power of two below n: "
         "the p slopes of p heads, then n - p of the slopes of 2p heads, appended (not sorted). Which ones?",
         (_c("my_alibi_slopes", "positional:check_alibi_slopes"),),
@@ -181,7 +193,9 @@ DECK: tuple[CardSpec, ...] = (
         "Write my_decode_step(q, k, v, k_cache, v_cache): q, k, v (B, H, 1, d) of the new token before RoPE; "
         "caches (B, H, p, d), keys already rotated. Return (output (B, H, 1, d), k_cache, v_cache) with the "
         "new token appended. Use apply_rope(x, positions). Checked with 0, 5, 7 and 40 cached tokens.",
-        'def my_decode_step(q, k, v, k_cache, v_cache):\n    """One decoding step: RoPE on the new q, k at their position, append to the caches, attend."""\n    ...  # your code here\n',
+        'def my_decode_step(q, k, v, k_cache, v_cache):\n'
+        '    """One decoding step: RoPE on the new q, k at their position, append to the caches, attend."""\n'
+        '    ...  # your code here\n',
         "The new token's position is the number of tokens already cached. Which of q, k, v get rotated, "
         "and is anything in the cache rotated again? Does the new query need a mask?",
         (_c("my_decode_step", "kvcache:check_kv_decode_step"),),
@@ -191,7 +205,9 @@ DECK: tuple[CardSpec, ...] = (
         "Write my_update(m, l, acc, s, v) returning (m_new, l_new, acc_new): m, l (rows,), acc (rows, d), "
         "one block of scores s (rows, B), masked scores -inf, and its values v (rows, B, d). The checker "
         "folds it over several blocks, with masked blocks and rows.",
-        "def my_update(m, l, acc, s, v):\n    # one block of the online softmax with a value accumulator; return (m_new, l_new, acc_new)\n    ...  # your code here\n",
+        "def my_update(m, l, acc, s, v):\n"
+        "    # one block of the online softmax with a value accumulator; return (m_new, l_new, acc_new)\n"
+        "    ...  # your code here\n",
         "m_new = max(m, s.max(-1)); rescale both l and acc by exp(m - m_new), then add the block's "
         "exp(s - m_new). A row whose scores are all -inf so far has m_new = -inf: guard it per row.",
         (_c("my_update", "flash:check_online_softmax_update"),),

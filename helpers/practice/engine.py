@@ -41,7 +41,7 @@ import torch
 
 __all__ = [
     "Reject", "TestInput", "PlantedMistake", "CheckResult", "diagnose", "mistake_symptoms",
-    "run_check", "clone_args", "as_tensor_result", "labelled",
+    "run_check", "clone_args", "as_tensor_result",
 ]
 
 
@@ -398,8 +398,3 @@ def run_check(
     planted += [PlantedMistake(name, call(f), advice[name]) for name, f in variants]
     return diagnose(call(fn), reference, planted, inputs, atol=atol, rtol=rtol,
                     unknown_hint=unknown_hint, pass_message=pass_message)
-
-
-def labelled(label: str, args: tuple, call: str, atol: Optional[float] = None, rtol: Optional[float] = None) -> TestInput:
-    """A :class:`TestInput` (shorthand)."""
-    return TestInput(label, args, call, atol, rtol)

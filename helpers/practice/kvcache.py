@@ -4,7 +4,7 @@ r"""Diagnosing checker for the KV-cache decoding exercise of notebook 07 ("write
 ``decode_step(q, k, v, k_cache, v_cache)``, against a reference made of the series' parts
 (:class:`helpers.kvcache.KVCache`, :func:`helpers.rope.apply_rope`,
 :func:`helpers.attention.scaled_dot_product_attention` with the last row of the causal mask, as
-:func:`helpers.kvcache.cached_self_attention` does); the tests check that reference against the
+:func:`helpers.kvcache.cached_attention` does); the tests check that reference against the
 last row of full causal attention recomputed on the whole sequence with
 ``F.scaled_dot_product_attention(is_causal=True)``.
 

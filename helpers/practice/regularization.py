@@ -30,9 +30,9 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from ..regularization import CONVENTIONS, dropout, label_smoothing_cross_entropy
+from ..validate import check_choice
 from .engine import CheckResult, Reject, TestInput, as_tensor_result, clone_args, run_check
 
 __all__ = [
@@ -416,8 +416,7 @@ def check_label_smoothing(fn: Callable, convention: str = "uniform", seed: int =
     Raises:
         ValueError: if ``convention`` is not ``"uniform"`` or ``"others"``.
     """
-    if convention not in CONVENTIONS:
-        raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
+    check_choice(convention, "convention", CONVENTIONS)
 
     def reference(logits, target, eps, ignore_index):
         return label_smoothing_cross_entropy(logits, target, eps, convention, ignore_index=ignore_index)

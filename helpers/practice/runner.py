@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from .deck import PRELUDE, CardSpec, PracticeError, card as _card
+from .deck import PRELUDE, CardSpec, PracticeError
+from .deck import card as _card
 
 __all__ = ["Verdict", "Outcome", "run_solution", "evaluate_source", "DEFAULT_TIMEOUT_S"]
 

@@ -16,15 +16,15 @@ One module per notebook:
 * :mod:`helpers.viz.sweep` -- notebooks 03-06: seed sweeps (a dot or a thin curve per seed, the mean on top).
 * :mod:`helpers.viz.flash` -- notebook 08: the causal tile-schedule explorer.
 """
-from .explorer import FIGSIZE, Explorer
-from .rope import long_term_decay, rope_explorer, rope_explorer_state
-from .rope_efficient import plot_angle_precision, plot_rope_benchmark, rope_cache_explorer, rope_cache_state
 from .attention import attention_explorer, attention_explorer_state, attention_grid, stack_attention
+from .explorer import FIGSIZE, Explorer
+from .flash import tile_schedule_explorer, tile_schedule_state
 from .heads import head_explorer, head_explorer_state, prune_explorer, prune_explorer_state
 from .positional import shift_length_explorer, shift_length_state
 from .regularization import dropout_explorer, dropout_state, label_smoothing_explorer, label_smoothing_state
+from .rope import long_term_decay, rope_explorer, rope_explorer_state
+from .rope_efficient import plot_angle_precision, plot_rope_benchmark, rope_cache_explorer, rope_cache_state
 from .sweep import plot_sweep_curves, plot_sweep_points
-from .flash import tile_schedule_explorer, tile_schedule_state
 
 __all__ = [
     "FIGSIZE", "Explorer",

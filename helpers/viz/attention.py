@@ -301,16 +301,16 @@ def attention_grid(
     )
     fontsize = 7 if n_k <= 16 else (6 if n_k <= 24 else 4)
     ticks = np.arange(n_k)
-    for l in range(n_layers):
+    for layer in range(n_layers):
         for h in range(n_heads):
-            ax = axes[l, h]
-            im = ax.imshow(w[l, h].numpy(), cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
+            ax = axes[layer, h]
+            im = ax.imshow(w[layer, h].numpy(), cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
             ax.set_xticks(ticks, tokens, rotation=90, fontsize=fontsize)
             ax.set_yticks(ticks, tokens if n_q == n_k else [str(i) for i in range(n_q)], fontsize=fontsize)
-            ax.set_title(f"layer {l}, head {h}", fontsize=9)
-            for r_ in highlight_rows.get(l, []):
+            ax.set_title(f"layer {layer}, head {h}", fontsize=9)
+            for r_ in highlight_rows.get(layer, []):
                 ax.add_patch(Rectangle((-0.5, r_ - 0.5), n_k, 1, fill=False, edgecolor="red", lw=1.2))
-            if l == n_layers - 1:
+            if layer == n_layers - 1:
                 ax.set_xlabel("key (attended to)", fontsize=8)
             if h == 0:
                 ax.set_ylabel("query (attending)", fontsize=8)

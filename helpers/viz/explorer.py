@@ -16,30 +16,43 @@ What one slider move costs
 ``explorer.stage_ms`` (one dict per update; ``explorer.last_ms`` and ``explorer.times_ms`` hold
 the totals): **compute** (the pure function), **draw** (artists moved), **render** (Agg),
 **encode** (PNG) and **send** (the new PNG and summary handed to the widgets, which send them to
-the browser over the kernel's comm). ``python benchmarks/explorer_latency.py`` prints them for
-every explorer of the notebooks, and the browser test (``tests/browser/test_lab_sliders.py``)
+the browser over the kernel's comm). Each record also holds **queued** (the milliseconds the frame
+waited on the coalescer's timer, 0 when it was drawn at once) and **start** (when it started, in
+``time.monotonic()`` seconds, a clock every process on the machine shares). ``python
+benchmarks/explorer_latency.py`` prints the stages for every explorer of the notebooks (with
+``--drag``, the frames of a replayed drag), and the browser test (``tests/browser/test_lab_sliders.py``)
 the time from a key press to the new figure in the page. What keeps them short (issue 34;
 measured in CONTRIBUTING.md, "Explorer latency"):
 
 * **Blitting.** An explorer that names the artists its ``draw`` moves (``animated=``) renders
   the rest of the figure once and keeps it as a background; an update restores it and draws only
   those artists. The background is keyed by every axes' limits: a move that changes them (a
-  longer sequence, a wider range) renders a new one, and the last few are kept for moves back.
+  longer sequence, a wider range) needs a new one, and the last few are kept for moves back.
+* **Moving axes.** An explorer whose limits follow a slider (02's cache, 08's tile map) names
+  those axes (``ax.xaxis``, ``ax.yaxis``) among the animated artists. The rest of the figure is
+  then rendered once, without them (the base), and a new set of limits only draws the moving axes
+  (ticks, tick labels, axis label) over a copy of the base: no move renders the figure whole.
 * **Text drawn once.** Text was most of the render time (matplotlib 3.11 rasterises every glyph
   of every label on every draw). The explorer's canvas (:class:`_TextCachingRenderer`) keeps
   the bitmap of each string it drew, placed on whole pixels as matplotlib did up to 3.9, so a
   title or a tick label is rasterised once per distinct string; the font's height metrics,
   which matplotlib re-reads from the font's tables for every string it lays out, once per font.
+  A new string (a title with the slider's value) is laid out once, when matplotlib measures it,
+  and its bitmap kept from that layout, where Agg laid it out again to draw it.
+* **Compute on one torch thread.** torch splits an operation over 32768 elements over its thread
+  pool, whose threads have gone to sleep between frames; waking them on a busy 2-core machine
+  cost more than the operation (:func:`_one_torch_thread`).
 * **Overlays.** Legends that never change (``overlays=``) are drawn once over each background
   and their pixels pasted back over the moving artists.
 * **A cheap PNG.** Pillow's PNG encoder filters every row adaptively, which took about ten
   times as long as compressing; :func:`_png` writes the rows unfiltered and deflates them at
   level 1 (lossless, about the same size for these mostly white figures).
 * **Coalescing.** While a slider is dragged the browser sends values faster than frames can be
-  made. A change from the browser is drawn at once when the last frame ended more than
-  ``coalesce_ms`` ago; otherwise only the latest values are drawn, once, when that time has
-  passed (a timer on the kernel's event loop). No queue of stale frames forms, and the frame
-  after the last move shows its value. Changes made from code (``explorer.set(...)``,
+  made. After each frame the kernel rests as long as that frame took, at most ``coalesce_ms``: a
+  change from the browser is drawn at once when the rest has passed; otherwise only the latest
+  values are drawn, once, at its end (a timer on the kernel's event loop). No queue of stale
+  frames forms, and the frame after the last move shows its value (or the one after it, when the
+  last move came in while a frame was being drawn). Changes made from code (``explorer.set(...)``,
   ``slider.value = ...`` in a cell) and every change where no event loop runs (tests, scripts)
   are drawn at once, so the new state can be read on the next line.
 
@@ -93,16 +106,20 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import html
 import json
 import math
 import struct
+import sys
 import time
 import zlib
 from collections import OrderedDict
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
+from matplotlib import rcParams
+from matplotlib.axis import Axis
 from matplotlib.backends.backend_agg import FigureCanvasAgg, RendererAgg, get_hinting_flag
 from matplotlib.figure import Figure
 from matplotlib.font_manager import fontManager, get_font
@@ -130,14 +147,20 @@ class Explorer:
             the figure (axes, ticks, labels: most of the rendering time) is rendered once and
             kept as a background; each update only restores it and draws these artists
             ("blitting"), in this order. ``draw`` may change axis limits (the background is
-            re-rendered for new limits), but nothing else outside these artists.
+            re-rendered for new limits), but nothing else outside these artists. An axis whose
+            limits follow a slider (``ax.xaxis``, ``ax.yaxis``) may be listed too: it is then left
+            out of the background and drawn, under the other animated artists, over a copy of it
+            for each new set of limits, so a move that changes its limits needs no full draw (the
+            other data artists of its axes must then be animated as well).
         overlays: optional list of artists that ``draw`` never changes but that must stay on
             top of the animated ones (legends). They are drawn once over each background and
             their pixels pasted back after the animated artists, so whatever moves beneath their
             bounding box is hidden there (a legend's frame, drawn at ``framealpha`` 0.8-0.9, let
             10-20% of it through). Only with ``animated``.
-        coalesce_ms: while a slider is dragged, at most one frame starts within this many
-            milliseconds of the end of the previous one (module docstring, "Coalescing").
+        coalesce_ms: while a slider is dragged, a frame starts no sooner after the end of the previous
+            one than that frame took, nor later than this many milliseconds (module docstring, "Coalescing").
+        rows: optional rows of control names, top to bottom (every control once); default: the
+            first three controls in a row, the others in a second one.
     """
 
     #: backgrounds kept per explorer (one per set of axis limits recently shown)
@@ -154,6 +177,7 @@ class Explorer:
         animated: Optional[Sequence[Any]] = None,
         overlays: Optional[Sequence[Any]] = None,
         coalesce_ms: float = 50.0,
+        rows: Optional[Sequence[Sequence[str]]] = None,
     ) -> None:
         import ipywidgets as widgets
 
@@ -168,6 +192,10 @@ class Explorer:
         if self.overlays and not self.animated:
             raise ValueError("overlays are pasted over the animated artists: pass animated too")
         self._backgrounds: OrderedDict = OrderedDict()  # axis limits -> (background, overlay patches)
+        self._bases: OrderedDict = OrderedDict()  # limits of the other axes -> the background without the moving axes
+        self._moving_axes = [a for a in self.animated if isinstance(a, Axis)]  # drawn into each background
+        self._moving = [a for a in self.animated if not isinstance(a, Axis)]  # drawn on every frame
+        self._check_moving_axes()
         _ExplorerCanvas(figure)
         figure.set_dpi(dpi)
         for artist in self.animated + self.overlays:
@@ -186,13 +214,30 @@ class Explorer:
         self._coalescer = Coalescer(self.update, coalesce_ms / 1e3)
         for w in self.controls.values():
             w.observe(self._on_change, names="value")
+        names = list(self.controls)
+        if rows is None:
+            rows = [names[:3]] + ([names[3:]] if len(names) > 3 else [])
+        rows = [list(r) for r in rows]
+        if sorted(n for r in rows for n in r) != sorted(names):
+            raise ValueError(f"rows must name every control once; controls are {names}, rows {rows}")
         self.widget = widgets.VBox(
-            [widgets.HBox(list(self.controls.values())[:3])]
-            + ([widgets.HBox(list(self.controls.values())[3:])] if len(self.controls) > 3 else [])
-            + [self.label, self.image, self.timing]
+            [widgets.HBox([self.controls[n] for n in r]) for r in rows] + [self.label, self.image, self.timing]
         )
         self.widget.add_class("explorer")  # the browser tests find explorers by this class
         self.update()
+
+    def _check_moving_axes(self) -> None:
+        """An axes with an axis in ``animated`` may hold only animated data artists (the others would be drawn
+        into its base once, at the limits it had then, and stay there when its limits change)."""
+        moving = {id(a) for a in self.animated + self.overlays}
+        for ax in {id(a.axes): a.axes for a in self._moving_axes}.values():
+            if ax is None:
+                raise ValueError("an axis in animated must belong to an axes of the figure")
+            static = [a for a in [*ax.lines, *ax.images, *ax.collections, *ax.patches, *ax.texts, *ax.artists]
+                      if id(a) not in moving and not any(a.get_transform() is t for t in (ax.transAxes, self.figure.transFigure))]
+            if static:
+                raise ValueError(f"an axis of this axes is animated (its limits move), so its data artists must be "
+                                 f"animated too; not animated: {static[:3]}")
 
     @property
     def values(self) -> dict:
@@ -200,17 +245,21 @@ class Explorer:
 
     def _on_change(self, change) -> None:
         # ipywidgets locks the properties a message from the browser sets while their observers run
-        # (Widget.set_state); a change made by code in the kernel has no lock and is drawn at once.
-        if "value" in getattr(change.get("owner"), "_property_lock", {}):
+        # (Widget.set_state: ``value``, or ``index`` for a selection slider); a change made by code in the kernel
+        # has no lock and is drawn at once.
+        if getattr(change.get("owner"), "_property_lock", None):
             self._coalescer.request()
         else:
             self.update()
 
     def update(self) -> dict:
         """Recompute, redraw, re-render, send; return the new state (stages in ``stage_ms``)."""
+        queued_s = self._coalescer.queued_s  # how long this frame waited on the coalescer's timer (0: drawn at once)
         self._coalescer.cancel()  # a frame drawn now makes a pending one redundant
+        start = time.monotonic()
         t0 = time.perf_counter()
-        self.state = self.compute(**self.values)
+        with _one_torch_thread():
+            self.state = self.compute(**self.values)
         t1 = time.perf_counter()
         self.draw(self.state)
         t2 = time.perf_counter()
@@ -224,13 +273,20 @@ class Explorer:
         self.last_ms = (t5 - t0) * 1e3
         self.times_ms.append(self.last_ms)
         self.stage_ms.append({"compute": (t1 - t0) * 1e3, "draw": (t2 - t1) * 1e3, "render": (t3 - t2) * 1e3,
-                              "encode": (t4 - t3) * 1e3, "send": (t5 - t4) * 1e3, "total": self.last_ms})
+                              "encode": (t4 - t3) * 1e3, "send": (t5 - t4) * 1e3, "total": self.last_ms,
+                              "queued": queued_s * 1e3, "start": start})
         values = html.escape(json.dumps(list(self.values.values()), default=str))
         self.timing.value = f'<span data-kernel-ms="{self.last_ms:.1f}" data-values="{values}"></span>'
         return self.state
 
     def _limits(self) -> tuple:
         return tuple((tuple(ax.get_xlim()), tuple(ax.get_ylim())) for ax in self.figure.axes)
+
+    def _base_key(self, key: tuple) -> tuple:
+        """``key`` (every axes' limits) without the limits of the axes in ``animated``: the key of the base."""
+        moving = {id(a) for a in self._moving_axes}
+        return tuple((None if id(ax.xaxis) in moving else x, None if id(ax.yaxis) in moving else y)
+                     for ax, (x, y) in zip(self.figure.axes, key))
 
     def _render(self) -> np.ndarray:
         """Render the figure with Agg and return its ``(height, width, 4)`` RGBA pixels (a view)."""
@@ -241,7 +297,30 @@ class Explorer:
         key = self._limits()
         entry = self._backgrounds.get(key)
         if entry is None:
-            canvas.draw()  # everything but the animated artists and the overlays
+            entry = self._backgrounds[key] = self._background(key)  # left in the canvas
+            while len(self._backgrounds) > self.BACKGROUNDS:
+                self._backgrounds.popitem(last=False)
+        else:
+            self._backgrounds.move_to_end(key)
+            canvas.restore_region(entry[0])
+        for artist in self._moving:
+            self.figure.draw_artist(artist)
+        for patch in entry[1]:
+            canvas.restore_region(patch)
+        return np.asarray(canvas.buffer_rgba())
+
+    def _background(self, key: tuple) -> tuple:
+        """Render the background for the axis limits ``key`` into the canvas; return it with the overlays' patches.
+
+        Without moving axes it is the figure drawn whole, less the animated artists and the overlays. With moving
+        axes, that drawing (the base) does not depend on their limits: it is rendered once per limits of the other
+        axes and kept, and each new ``key`` only draws the moving axes over it (a few ms, not a full draw).
+        """
+        canvas = self.figure.canvas
+        base_key = self._base_key(key)
+        base = self._bases.get(base_key) if self._moving_axes else None
+        if base is None:
+            canvas.draw()  # everything but the animated artists (moving axes included) and the overlays
             background = canvas.copy_from_bbox(self.figure.bbox)
             patches = []
             if self.overlays:
@@ -253,17 +332,18 @@ class Explorer:
                     if box is not None:
                         patches.append(canvas.copy_from_bbox(box))
                 canvas.restore_region(background)
-            entry = self._backgrounds[key] = (background, patches)
-            while len(self._backgrounds) > self.BACKGROUNDS:
-                self._backgrounds.popitem(last=False)
+            base = (background, patches)
+            if not self._moving_axes:
+                return base
+            self._bases[base_key] = base
+            while len(self._bases) > self.BACKGROUNDS:
+                self._bases.popitem(last=False)
         else:
-            self._backgrounds.move_to_end(key)
-            canvas.restore_region(entry[0])
-        for artist in self.animated:
-            self.figure.draw_artist(artist)
-        for patch in entry[1]:
-            canvas.restore_region(patch)
-        return np.asarray(canvas.buffer_rgba())
+            self._bases.move_to_end(base_key)
+            canvas.restore_region(base[0])
+        for axis in self._moving_axes:
+            self.figure.draw_artist(axis)
+        return canvas.copy_from_bbox(self.figure.bbox), base[1]
 
     def set(self, **values) -> dict:
         """Move sliders programmatically (as a learner would) and return the new state."""
@@ -341,6 +421,28 @@ def _readout(widget: Any) -> str:
 
 
 
+@contextlib.contextmanager
+def _one_torch_thread():
+    """torch's intra-op threads set to one while an explorer computes, then restored.
+
+    An explorer's compute runs small tensor operations. When one is large enough for torch to split it over its
+    thread pool (32768 elements, e.g. the sin of 02's whole cache), the pool's thread has gone to sleep since the
+    last frame and must be woken. On the 2-core machine at load average 3, with a 20 ms pause before each call,
+    a sin and a cos of 257 x 128 float64 numbers took 3.7 ms median and 20 ms at worst on two threads, against
+    0.24 ms on one, the switch included. Elementwise results do not depend on the thread count.
+    """
+    torch = sys.modules.get("torch")
+    n = torch.get_num_threads() if torch is not None else 1
+    if n <= 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
 def _running_loop_call_later() -> Optional[Callable[..., Any]]:
     """``call_later`` of the asyncio event loop running in this thread (the kernel's), else None."""
     try:
@@ -350,17 +452,20 @@ def _running_loop_call_later() -> Optional[Callable[..., Any]]:
 
 
 class Coalescer:
-    """Runs ``fn`` for a burst of requests with a trailing edge: never two runs closer than ``interval_s``.
+    """Runs ``fn`` for a burst of requests with a trailing edge, resting after each run as long as it took.
 
-    :meth:`request` runs ``fn`` at once when the last run ended at least ``interval_s`` ago (or when no
-    event loop runs: then every request runs at once, synchronously). Otherwise it schedules one run for
-    ``interval_s`` after the end of the last run; the requests that arrive meanwhile add nothing (``fn``
-    reads the latest values when it runs). So a drag that sends a hundred values draws a frame about
-    every ``interval_s`` plus one frame's time, and its last value is always drawn.
+    After a run, the next one waits a rest: as long as that run took, at most ``interval_s``. :meth:`request`
+    runs ``fn`` at once when the rest since the last run has passed (and always when no event loop runs: then
+    every request runs at once, synchronously). Otherwise it schedules one run for the end of the rest; the
+    requests that arrive meanwhile add nothing (``fn`` reads the latest values when it runs). So during a drag
+    the kernel draws at most half the time while frames take under ``interval_s``, leaving the rest to the
+    browser on the same machine; a frame is never more than one rest behind the latest value, and the last
+    value is always drawn. (A fixed rest of
+    ``interval_s`` after every frame held a 10 ms frame 50 ms behind the hand.)
 
     Args:
         fn: what to run (``Explorer.update``).
-        interval_s: the shortest gap between the end of one run and the start of the next.
+        interval_s: the longest rest between the end of one run and the start of the next.
         clock: seconds, monotonic (a fake one in tests).
         call_later: ``() -> call_later(delay_s, callback)`` or ``None`` when no loop runs; default: the
             running asyncio loop's (in a Jupyter kernel, the kernel's own loop).
@@ -372,23 +477,23 @@ class Coalescer:
             raise ValueError(f"interval_s must be a number >= 0, got {interval_s!r}")
         self.fn, self.interval_s, self.clock, self._call_later = fn, float(interval_s), clock, call_later
         self._last_end = -math.inf
+        self._last_s = 0.0  # how long the last run took
         self._timer = None
+        self._requested = -math.inf  # when the pending run was scheduled
+        self.queued_s = 0.0  # while a run made on the timer runs: how long it waited; else 0
         self.runs = 0        # runs made (at once or on the timer)
         self.coalesced = 0   # requests that added nothing to a pending run
-
-    @property
-    def pending(self) -> bool:
-        return self._timer is not None
 
     def request(self) -> None:
         if self._timer is not None:
             self.coalesced += 1
             return
-        wait = self._last_end + self.interval_s - self.clock()
+        wait = self._last_end + min(self.interval_s, self._last_s) - self.clock()
         call_later = self._call_later() if wait > 0 else None
         if call_later is None:
             self._run()
         else:
+            self._requested = self.clock()
             self._timer = call_later(wait, self._fire)
 
     def cancel(self) -> None:
@@ -399,14 +504,20 @@ class Coalescer:
 
     def _fire(self) -> None:
         self._timer = None
-        self._run()
+        self.queued_s = max(0.0, self.clock() - self._requested)
+        try:
+            self._run()
+        finally:
+            self.queued_s = 0.0
 
     def _run(self) -> None:
+        start = self.clock()
         try:
             self.fn()
         finally:
             self.runs += 1
             self._last_end = self.clock()
+            self._last_s = self._last_end - start
 
 
 def _png_chunk(tag: bytes, data: bytes) -> bytes:
@@ -478,6 +589,39 @@ class _TextCachingRenderer(RendererAgg):
             self._heights[key] = hit
         return hit
 
+    def _keep(self, key: tuple, font) -> tuple:
+        """Rasterise the string ``font`` has just laid out (``set_text``) and keep its bitmap under ``key``."""
+        font.draw_glyphs_to_bitmap(antialiased=key[3])
+        xo, yo = font.get_bitmap_offset()
+        entry = (np.array(font.get_image(), dtype=np.uint8, copy=True), xo / 64.0, yo / 64.0, font.get_descent() / 64.0)
+        if len(self._strings) >= self.MAX_STRINGS:
+            self._strings.clear()
+        self._strings[key] = entry
+        return entry
+
+    def get_text_width_height_descent(self, s, prop, ismath):
+        """matplotlib's measurement of a string, and its bitmap kept from the same layout.
+
+        matplotlib measures a string before it draws it, and Agg laid a new string out twice, to measure and to
+        draw; the layout (``set_text``) was about half of what a new 50-character title cost. Kept under the key
+        a default text draws with (``text.antialiased``, no font features, no language), the bitmap lets that
+        draw skip the second layout.
+        """
+        if ismath or not self._cache_text:
+            return super().get_text_width_height_descent(s, prop, ismath)
+        try:
+            font = self._prepare_font(prop)
+            font.set_text(s, 0.0, flags=get_hinting_flag())
+            w, h = font.get_width_height()  # of the unrotated string, in 1/64 pixels
+            d = font.get_descent()
+            key = (s, prop.copy(), self.dpi, bool(rcParams["text.antialiased"]), None, None)
+            if key not in self._strings:
+                self._keep(key, font)
+        except (AttributeError, TypeError, ValueError):
+            self._cache_text = False
+            return super().get_text_width_height_descent(s, prop, ismath)
+        return w / 64.0, h / 64.0, d / 64.0
+
     def draw_text(self, gc, x, y, s, prop, angle, ismath=False, mtext=None):
         if ismath or not self._cache_text:
             return super().draw_text(gc, x, y, s, prop, angle, ismath=ismath, mtext=mtext)
@@ -490,13 +634,7 @@ class _TextCachingRenderer(RendererAgg):
             if entry is None:
                 font = self._prepare_font(prop)
                 font.set_text(s, 0, flags=get_hinting_flag(), features=features, language=language)
-                font.draw_glyphs_to_bitmap(antialiased=antialiased)
-                xo, yo = font.get_bitmap_offset()
-                entry = (np.array(font.get_image(), dtype=np.uint8, copy=True), xo / 64.0, yo / 64.0,
-                         font.get_descent() / 64.0)
-                if len(self._strings) >= self.MAX_STRINGS:
-                    self._strings.clear()
-                self._strings[key] = entry
+                entry = self._keep(key, font)
         except (AttributeError, TypeError, ValueError):
             self._cache_text = False
             return super().draw_text(gc, x, y, s, prop, angle, ismath=ismath, mtext=mtext)

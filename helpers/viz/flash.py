@@ -103,5 +103,7 @@ def tile_schedule_explorer(seq_len: int = 1024, block_q: int = 128, block_k: int
         ax.set_ylim(L, 0)
         title.set_text(f"causal tiles: {s['computed']} of {s['total']} computed")
 
-    # the axis limits follow seq_len: the explorer renders a background per length (and keeps the last few)
-    return Explorer(controls, lambda **v: tile_schedule_state(**v), draw, fig, _summary, animated=[im, title])
+    # the axis limits follow seq_len: the two axes move with the tile map (drawn over the rest of the figure,
+    # which is rendered once), so a new length needs no full draw
+    return Explorer(controls, lambda **v: tile_schedule_state(**v), draw, fig, _summary,
+                    animated=[im, ax.xaxis, ax.yaxis, title])

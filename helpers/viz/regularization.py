@@ -84,9 +84,11 @@ def label_smoothing_explorer(eps: float = 0.1, num_classes: int = 5) -> Explorer
 
     def draw(s: dict) -> None:
         K = s["K"]
-        for k in range(MAX_CLASSES):
+        for k in range(MAX_CLASSES):  # the bars of classes >= K hidden: not drawn, where height 0 still cost a draw
             bars_u[k].set_height(s["targets_uniform"][k] if k < K else 0.0)
             bars_o[k].set_height(s["targets_others"][k] if k < K else 0.0)
+            bars_u[k].set_visible(k < K)
+            bars_o[k].set_visible(k < K)
         title_t.set_text(f"targets: true {s['targets_uniform'][0]:.3f} vs {s['targets_others'][0]:.3f}")
         curve_u.set_data(s["eps_grid"], s["gap_uniform_curve"])
         curve_o.set_data(s["eps_grid"], s["gap_others_curve"])

@@ -1,7 +1,6 @@
 """Figures and the explorer of notebook 01 (RoPE from the rotation matrix).
 
 * :func:`long_term_decay` -- RoFormer's relative upper bound and the all-ones score against distance.
-* :func:`plot_scores_vs_bound` -- scores (all-ones, correlated, independent) and the bound, each normalised at distance 0.
 * :func:`plot_clock_dials` -- the "clock dials": :math:`\\cos m\\theta_i` over positions and pairs.
 * :func:`rope_explorer_state`, :func:`rope_explorer` -- the slider explorer.
 """
@@ -16,7 +15,7 @@ from matplotlib.figure import Figure
 from .. import rope as _rope
 from .explorer import Explorer
 
-__all__ = ["long_term_decay", "plot_scores_vs_bound", "plot_clock_dials", "rope_explorer_state", "rope_explorer"]
+__all__ = ["long_term_decay", "plot_clock_dials", "rope_explorer_state", "rope_explorer"]
 
 
 def long_term_decay(head_dim: int, base: float, max_distance: int) -> dict:
@@ -38,68 +37,6 @@ def long_term_decay(head_dim: int, base: float, max_distance: int) -> dict:
     bound = np.abs(C).mean(axis=1)
     ones = 2.0 * np.cos(r[:, None] * theta[None, :]).sum(axis=1)
     return {"distance": r, "bound": bound, "ones_score": ones}
-
-
-def plot_scores_vs_bound(
-    distance: np.ndarray,
-    bound: np.ndarray,
-    ones_score: np.ndarray,
-    correlated_mean: np.ndarray,
-    independent_mean: np.ndarray,
-    independent_std: np.ndarray,
-    head_dim: int,
-    title: str = "",
-):
-    r"""What decays and what does not, against the distance ``r``: every curve divided by its
-    own value at ``r = 0``, on one axis labelled "normalised".
-
-    The curves have very different sizes (for :math:`q = k = \mathbf 1` the true upper bound
-    :math:`\max_j|h_{j+1}-h_j| \sum_j |C_j|` at ``r = 0`` is :math:`2 \cdot (d/2) \cdot (d/2+1)/2`,
-    :math:`(d/2+1)/2 \approx d/4` times the score :math:`d`), so drawing the relative bound on the score axis would put a
-    "bound" below the scores it bounds. Normalised, the figure compares shapes only:
-
-    * RoFormer's relative bound (from :func:`long_term_decay`) divided by ``bound[0]``;
-    * the all-ones score divided by ``ones_score[0]`` (= ``head_dim``);
-    * the mean score of correlated pairs (``k = q + noise``) divided by ``correlated_mean[0]``;
-    * independent pairs: the band mean :math:`\pm` one standard deviation, divided by
-      ``independent_std[0]`` (their mean is about 0 at ``r = 0``, so it cannot be the unit).
-
-    All arrays have the shape of ``distance``; ``bound[0]``, ``ones_score[0]``,
-    ``correlated_mean[0]`` and ``independent_std[0]`` must be non-zero. The x axis is linear
-    up to 10, logarithmic beyond. ``head_dim`` only labels the figure.
-    Returns the pyplot figure (call ``plt.show()``).
-    """
-    import matplotlib.pyplot as plt
-
-    arrays = {"bound": bound, "ones_score": ones_score, "correlated_mean": correlated_mean,
-              "independent_mean": independent_mean, "independent_std": independent_std}
-    for name, arr in arrays.items():
-        if np.shape(arr) != np.shape(distance):
-            raise ValueError(f"{name} must have the shape of distance {np.shape(distance)}, got {np.shape(arr)}")
-    for name in ("bound", "ones_score", "correlated_mean", "independent_std"):
-        if not np.isfinite(arrays[name][0]) or arrays[name][0] == 0:
-            raise ValueError(f"{name}[0] (the value at distance 0) must be finite and non-zero to normalise by it, "
-                             f"got {arrays[name][0]}")
-    unit_ind = independent_std[0]
-    fig, ax = plt.subplots(figsize=(6.6, 4.3))
-    ax.fill_between(distance, (independent_mean - independent_std) / unit_ind,
-                    (independent_mean + independent_std) / unit_ind,
-                    color="C1", alpha=0.18, lw=0, label="independent q, k: mean ± 1 std, ÷ std at r = 0")
-    ax.plot(distance, independent_mean / unit_ind, color="C1", lw=1)
-    ax.plot(distance, ones_score / ones_score[0], color="C0", lw=2.5, alpha=0.6, label=r"score, $q = k = \mathbf{1}$, ÷ its value at 0")
-    ax.plot(distance, correlated_mean / correlated_mean[0], color="C2", lw=1.5, ls="--",
-            label="k = q + noise: mean score, ÷ its value at 0")
-    ax.plot(distance, np.asarray(bound) / bound[0], color="0.2", lw=2,
-            label=r"relative bound $\frac{1}{d/2}\sum_j |C_j|$, ÷ its value at 0")
-    ax.axhline(0, color="0.6", lw=0.8)
-    ax.set_xscale("symlog", linthresh=10)
-    ax.set_xlim(0, float(np.max(distance)))
-    ax.set_xlabel("relative distance r = |n - m| (positions; linear to 10, log beyond)")
-    ax.set_ylabel("normalised (÷ value at r = 0)")
-    ax.set_title(title or f"what decays with distance, normalised (d = {head_dim})", fontsize=9)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=2, frameon=False)
-    fig.tight_layout()
-    return fig
 
 
 def plot_clock_dials(
@@ -196,8 +133,12 @@ def rope_explorer(head_dim: int = 64, max_distance: int = 256, m: int = 5, pair:
     """
     import ipywidgets as widgets
 
+    # m on a row of its own, as wide as the figure: at ipywidgets' default width (300 px, a track of about 150 px)
+    # one pixel of a drag moved m by about 2 positions, 2 rad for the fastest pair; at 720 px the track is about
+    # 570 px, so for max_distance = 256 a pixel moves m by about 0.45 positions
     controls = {
-        "m": widgets.IntSlider(value=m, min=0, max=max_distance, step=1, description="position m", continuous_update=True),
+        "m": widgets.IntSlider(value=m, min=0, max=max_distance, step=1, description="position m", continuous_update=True,
+                               layout=widgets.Layout(width="720px", max_width="100%")),
         "pair": widgets.IntSlider(value=pair, min=0, max=head_dim // 2 - 1, step=1, description="pair i"),
         "log10_base": widgets.FloatSlider(value=log10_base, min=2.0, max=6.0, step=0.25, description="log10 base", readout_format=".2f"),
     }
@@ -267,4 +208,5 @@ def rope_explorer(head_dim: int = 64, max_distance: int = 256, m: int = 5, pair:
 
     animated = [arrow, arc, title_c, dots, sel, bound_line, ones_line, vline, suptitle]
     # the legends never change: drawn once and pasted over the moving lines
-    return Explorer(controls, compute, draw, fig, summary, animated=animated, overlays=[leg_a, leg_d])
+    return Explorer(controls, compute, draw, fig, summary, animated=animated, overlays=[leg_a, leg_d],
+                    rows=[["m"], ["pair", "log10_base"]])

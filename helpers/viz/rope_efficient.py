@@ -160,9 +160,11 @@ def rope_cache_explorer(
             f"{s['matrix_bytes_fp32'] / 2**20:.1f} MiB (float32); max |&#8214;R<sub>m</sub>q&#8214; - &#8214;q&#8214;| = {s['norm_error']:.1e}"
         )
 
-    # the heat maps' extents and the curve's x range follow head_dim and the positions: the explorer renders a
-    # background per set of limits (and keeps the last few); the legend's labels change, so it is animated
-    return Explorer(controls, compute, draw, fig, summary, animated=[im_c, im_s, *lines, title_r, legend])
+    # the heat maps' extents and the curve's x range follow head_dim and the positions: those axes move with the
+    # artists (drawn over the rest of the figure, which is rendered once), so no move needs a full draw; the
+    # legend's labels change, so it is animated
+    moving_axes = [ax_c.xaxis, ax_c.yaxis, ax_s.xaxis, ax_s.yaxis, ax_r.xaxis]
+    return Explorer(controls, compute, draw, fig, summary, animated=[im_c, im_s, *moving_axes, *lines, title_r, legend])
 
 
 def layout_pairs(head_dim: int) -> dict:

@@ -4,7 +4,6 @@ fenced code inside it is rendered as code (a ``<pre>``), not as raw text. GitHub
 the same HTML; ``tests/test_solutions.py`` runs the code."""
 from __future__ import annotations
 
-
 import nbformat
 
 from .conftest import scratch_notebook

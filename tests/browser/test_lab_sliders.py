@@ -248,6 +248,7 @@ def _drag_across(page, explorer, handle, where: str, shot: Path, n_moves: int = 
     label = handle.locator("xpath=ancestor::div[contains(@class,'widget-slider')][1]").locator(".widget-label").inner_text()
     first = _readout(handle)
     track = handle.locator("xpath=ancestor::div[contains(@class,'noUi-target')][1]").bounding_box()
+    span = float(handle.get_attribute("aria-valuemax")) - float(handle.get_attribute("aria-valuemin"))
     box = handle.bounding_box()
     x0, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
     x1 = track["x"] + track["width"] + 20
@@ -282,7 +283,8 @@ def _drag_across(page, explorer, handle, where: str, shot: Path, n_moves: int = 
     assert after_ms < HANG_MS, f"{where}: the final figure came {after_ms:.0f} ms after the last pointer move"
     frames = [ev for ev in events if ev["k"] == "load"]
     late = [ev for ev in frames if ev["t"] > t_last]
-    return (f"drag across {label!r} ({first} -> {final}, {n_moves} pointer moves in {drag_ms:.0f} ms): {len(frames)} new "
+    return (f"drag across {label!r} ({first} -> {final}, track {track['width']:.0f} px, {span / track['width']:.3g} "
+            f"slider units per pixel; {n_moves} pointer moves in {drag_ms:.0f} ms): {len(frames)} new "
             f"figures, {len(late)} after the move that reached {final}; the final figure {after_ms:.0f} ms after that "
             f"move (target <= 250 ms)")
 
