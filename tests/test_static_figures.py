@@ -1,16 +1,16 @@
 """Explorers are readable where no kernel runs (GitHub, nbviewer, an HTML export).
 
 Every explorer displays one output carrying its live widget view, a PNG of its initial figure
-and a stable text line (``helpers.viz.explorer``); ``python -m helpers.notebook_tools finalize``
-removes the explorers' models from the saved widget state so that static front ends fall back
-to the PNG. Here:
+and a stable text line (``helpers.viz.explorer``). Notebooks are regenerated with
+``--ExecutePreprocessor.store_widget_state=False`` (``tools/notebook_check.py``), so no explorer's model is in
+the saved widget state and static front ends fall back to the PNG. Here:
 
 * every committed notebook is exported with nbconvert's ``HTMLExporter`` (in-process, no
   execution) and each explorer cell must show its PNG as an ``<img>``, not a widget placeholder;
 * ``metadata.widgets``, when present, keeps its ``state`` key (GitHub refuses the notebook otherwise);
 * the bundle itself, and the whole pipeline on a tiny notebook executed by nbclient (the same
-  executor as ``jupyter nbconvert --execute``): without finalizing, the export shows no picture
-  (the failure this file guards against); after it, it does.
+  executor as ``jupyter nbconvert --execute``): with the widget state saved, the export shows no
+  picture (the failure this file guards against); executed without it, it does.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from helpers import notebook_tools as nt
+import notebook_check as nt  # tools/notebook_check.py (tools/ is on sys.path: root conftest.py)
 from pristine import pristine  # tools/pristine.py: the committed copy of a notebook the learner edited
 
 REPO = Path(__file__).resolve().parents[1]
@@ -162,51 +162,42 @@ TINY_CELLS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def executed_tiny(tmp_path_factory):
-    """A two-cell notebook (an explorer, a plain slider) executed by nbclient, state saved."""
+def _execute(store_widget_state: bool):
+    """The two-cell notebook (an explorer, a plain slider) executed by nbclient, as `jupyter nbconvert --execute` does."""
     from nbclient import NotebookClient
 
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(src) for src in TINY_CELLS]
-    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}).execute()
+    NotebookClient(nb, timeout=120, kernel_name="python3", store_widget_state=store_widget_state,
+                   resources={"metadata": {"path": str(REPO)}}).execute()
     return nb
 
 
-def test_pipeline_execute_then_finalize_gives_a_picture(executed_tiny, tmp_path):
-    raw = executed_tiny
+def test_executing_without_saved_widget_state_gives_a_picture(tmp_path):
+    # negative control: with the state saved (nbclient's default), the export shows the empty widget
+    raw = _execute(store_widget_state=True)
     (cell, out), (plain_cell, plain_out) = _explorer_outputs(raw)
     assert out.output_type == "display_data" and set(out.data) == {VIEW, "image/png", "text/plain"}
-    state = raw.metadata.widgets[STATE]["state"]
-    assert out.data[VIEW]["model_id"] in state and plain_out.data[VIEW]["model_id"] in state
-
-    # negative control: as executed, the export shows the empty widget, not the picture
+    assert out.data[VIEW]["model_id"] in raw.metadata.widgets[STATE]["state"]
     imgs, placeholders = _pictures_in_cell(_html(raw), cell)
     assert imgs == [] and len(placeholders) == 1
     assert any("saved widget state" in p for p in nt.problems(raw))
 
-    path = tmp_path / "tiny.ipynb"
-    nbformat.write(raw, path)
-    assert nt.main(["finalize", str(path)]) == 0
-    done = nbformat.read(path, as_version=4)
-    imgs, placeholders = _pictures_in_cell(_html(done), done.cells[0])
+    # the regeneration command's flag: no state is saved, the export shows the explorer's PNG
+    assert "--ExecutePreprocessor.store_widget_state=False" in nt.REGENERATE
+    done = _execute(store_widget_state=False)
+    assert "widgets" not in done.metadata
+    (cell, out), (plain_cell, plain_out) = _explorer_outputs(done)
+    imgs, placeholders = _pictures_in_cell(_html(done), cell)
     assert imgs == [out.data["image/png"]] and placeholders == []
-
-    kept = done.metadata.widgets[STATE]["state"]  # the entry and its state key stay (GitHub)
-    plain_id = plain_out.data[VIEW]["model_id"]
-    assert plain_id in kept and out.data[VIEW]["model_id"] not in kept
-    # the plain slider keeps its layout and style models; the explorer's 12 models are gone
-    plain_refs = {m for m in kept if m != plain_id}
-    assert len(plain_refs) == 2 and all(m in json.dumps(kept[plain_id]) for m in plain_refs)
-    assert len(kept) == 3 and len(state) > 3
-    imgs, placeholders = _pictures_in_cell(_html(done), done.cells[1])
-    assert imgs == [] and len(placeholders) == 1  # a widget without a picture is still drawn as a widget
+    # a widget without a picture is left with its text line only (no state to draw it from): the check names it
+    imgs, placeholders = _pictures_in_cell(_html(done), plain_cell)
+    assert imgs == [] and placeholders == []
     assert nt.problems(done) == ["cell 1 (output 0): widget view without a static picture (image/png, image/jpeg, "
                                  "image/svg+xml); display explorers through helpers.viz.Explorer"]
-    assert not nt.finalize(nbformat.read(path, as_version=4)).changed  # idempotent
 
 
-# ---------------------------------------------------------------- finalize on hand-made states
+# ---------------------------------------------------------------- the check on hand-made states
 
 
 def _model(refs=(), **extra):
@@ -227,58 +218,31 @@ def _nb(views, state):
     return nb
 
 
-def test_finalize_keeps_what_widgets_without_picture_share_and_drops_links_to_pruned():
-    state = {
-        "box": _model(["slider", "shared"]), "slider": _model(["style"]), "style": _model(),
-        "shared": _model(), "plain": _model(["shared"]),
-        "link": _model(source=["IPY_MODEL_slider", "value"], target=["IPY_MODEL_other", "value"]),
-        "other": _model(), "orphan": _model(),
-    }
-    nb = _nb([("box", True), ("plain", False)], state)
-    report = nt.finalize(nb)
-    assert report.pruned == ["box", "link", "slider", "style"]
-    assert sorted(nb.metadata.widgets[STATE]["state"]) == ["orphan", "other", "plain", "shared"]
-    assert nt.finalize(nb).pruned == []
-
-
-def test_finalize_leaves_a_notebook_without_widget_entry_without_one():
-    nb = _nb([("box", True)], None)
-    assert nt.finalize(nb).pruned == [] and "widgets" not in nb.metadata
-    assert nt.problems(nb) == []
-
-
-def test_finalize_empties_the_state_but_keeps_the_entry():
-    nb = _nb([("box", True)], {"box": _model(["c"]), "c": _model()})
-    nt.finalize(nb)
-    assert nb.metadata.widgets == {STATE: {"state": {}, "version_major": 2, "version_minor": 0}}
-    nbformat.validate(nb)
-
-
 def test_errors_name_the_argument_and_rule():
     with pytest.raises(TypeError, match=r"nb must be a notebook \(nbformat.NotebookNode.*got dict"):
-        nt.finalize({"cells": []})
+        nt.problems({"cells": []})
     broken = _nb([("box", True)], None)
+    assert nt.problems(broken) == []  # no widgets entry at all: fine
     broken.metadata.widgets = {STATE: {"version_major": 2}}
     with pytest.raises(ValueError, match=r"metadata.widgets must hold .*widget-state\+json' with a 'state' dict"):
-        nt.finalize(broken)
+        nt.saved_state(broken)
     assert nt.problems(broken)[0].startswith("metadata.widgets must hold")
 
 
 def test_cli_errors_name_the_path_and_rule(tmp_path, capsys):
-    assert nt.main(["finalize", str(tmp_path / "notes.md")]) == 2
+    assert nt.main([str(tmp_path / "notes.md")]) == 2
     assert re.search(r"path must name a .ipynb notebook; got '.*notes.md'", capsys.readouterr().err)
-    assert nt.main(["finalize", str(tmp_path / "missing.ipynb")]) == 2
+    assert nt.main([str(tmp_path / "missing.ipynb")]) == 2
     assert re.search(r"path must name an existing notebook file; '.*missing.ipynb' does not exist",
                      capsys.readouterr().err)
 
 
-def test_cli_check_fails_until_finalized(tmp_path, capsys):
+def test_cli_check_fails_on_a_saved_explorer_state(tmp_path, capsys):
     path = tmp_path / "n.ipynb"
     nbformat.write(_nb([("box", True)], {"box": _model()}), path)
-    assert nt.main(["check", str(path)]) == 1
+    assert nt.main([str(path)]) == 1
     assert "regenerate with: jupyter nbconvert" in capsys.readouterr().out
-    assert nt.main(["finalize", str(path)]) == 0
-    assert "removed 1 model(s)" in capsys.readouterr().out
-    assert nt.main(["check", str(path)]) == 0
-    assert nt.main(["check", str(tmp_path / "missing.ipynb")]) == 2
+    nbformat.write(_nb([("box", True)], {}), path)
+    assert nt.main([str(path)]) == 0
+    assert nt.main([str(tmp_path / "missing.ipynb")]) == 2
     assert "does not exist" in capsys.readouterr().err

@@ -91,14 +91,10 @@ Each front end picks one of them:
   it draws for a widget view beside a PNG was not tested here.
 
 nbclient (``jupyter nbconvert --execute``) saves the state of every live widget model at the
-end of a run, so the HTML export would pick the widget view (an empty placeholder without the
-widget JavaScript). ``python -m helpers.notebook_tools finalize NOTEBOOK`` therefore removes
-from the saved state the models of every widget view that carries a static picture (the
-explorer's box and everything only it uses: sliders, labels, layouts, the PNG buffer of its
-``Image``), keeping the ``widgets`` entry and its ``state`` key. Chosen over running with
-``--ExecutePreprocessor.store_widget_state=False``: that leaves a stale ``widgets`` entry from
-an earlier run in place (nbclient only writes the entry when it saw widgets) and would also
-drop the state of any widget shown without a picture. ``tests/test_static_figures.py``
+end of a run unless told not to, and the HTML export would then pick the widget view (an empty
+placeholder without the widget JavaScript). The notebooks are therefore regenerated with
+``--ExecutePreprocessor.store_widget_state=False`` (``tools/notebook_check.py``): no model is
+saved, so every explorer falls back to its PNG. ``tests/test_static_figures.py``
 exports every committed notebook with nbconvert's ``HTMLExporter`` and fails on an explorer
 cell that does not render as an ``<img>``.
 """
