@@ -1,8 +1,10 @@
 """helpers: the reference package of the attention-notebooks series.
 
 Each notebook derives a piece inline, checks it, then hands over to the module here that
-computes the same thing; the tests in ``tests/`` pin these modules down. ``helpers.__all__`` is
-the reference API: the pieces of a transformer. The course's machinery sits beside it in
+computes the same thing; the tests in ``tests/`` pin these modules down. ``helpers.__all__``
+exports the pieces of a transformer; the regularizers, the positional-scheme experiments and the
+Hugging Face bridges are imported as modules (:mod:`helpers.regularization`,
+:mod:`helpers.positional`, :mod:`helpers.hf`). The course's machinery sits beside it in
 subpackages, imported from there.
 
 The reference

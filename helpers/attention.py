@@ -3,10 +3,11 @@ r"""Scaled dot-product attention and multi-head attention, written out from scra
 Taught in ``notebooks/03_mha_from_scratch.ipynb``: the causal mask, the scaled
 dot-product, splitting ``d_model`` into heads and merging them back, and the check
 against ``torch.nn.MultiheadAttention`` / ``torch.nn.functional.scaled_dot_product_attention``.
-Later notebooks add features by composition, not by new branches in ``forward``: attention
-dropout (04), ``head_mask`` and grouped-query attention (05), RoPE positions (06), the KV-cache
-decoding step (07 §6, :func:`helpers.kvcache.cached_attention`) and the float32 frequencies of
-Hugging Face Llama (07 §5, :class:`_Float32RopeFrequencies`).
+Later notebooks add features as arguments, each behind one branch: attention dropout (04),
+``head_mask`` and grouped-query attention (05), RoPE positions (06), the KV-cache decoding step
+(07 §6: ``forward`` hands it to :func:`helpers.kvcache.cached_attention`, which reuses the same
+methods) and the float32 frequencies of Hugging Face Llama (07 §5: the ``rope_inv_freq`` buffer,
+kept at the end of the class).
 
 Paper: Vaswani et al., "Attention Is All You Need" (2017), section 3.2, eqs. (1)
 and the multi-head formula
@@ -27,7 +28,8 @@ Conventions used throughout the series
   mask) gets all-zero weights and a zero output, never NaN; a finite float mask such as
   ``finfo(dtype).min`` is not recognised (see ``scaled_dot_product_attention``). This is what
   ``F.scaled_dot_product_attention`` does in torch >= 2.5 ("safe softmax");
-  ``nn.MultiheadAttention`` returns NaN for such rows. Zeros keep a padded or empty row from
+  ``nn.MultiheadAttention`` returns NaN or 0 depending on the code path it takes (notebook
+  03 §4a). Zeros keep a padded or empty row from
   poisoning a whole batch (NaN * 0 is NaN in the backward pass).
 * Inputs are batch-first: ``(batch, seq, d_model)``; per-head tensors are
   ``(batch, heads, seq, head_dim)``.
@@ -82,7 +84,7 @@ def _check_mask(mask, shape: tuple) -> None:
 def _attention_weights(q: torch.Tensor, k: torch.Tensor, mask=None, scale: Optional[float] = None) -> torch.Tensor:
     r""":math:`\operatorname{softmax}(q k^\top / \sqrt{d_k} + M)` over the keys; a row with no allowed key is 0."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = torch.matmul(q * scale, k.transpose(-2, -1))  # (..., seq_q, seq_k); scaling q is cheaper than the scores
+    scores = torch.matmul(q * scale, k.transpose(-2, -1))  # (..., seq_q, seq_k); scaling q: fewer numbers if seq_k > d_k
     if mask is None:
         return torch.softmax(scores, dim=-1)
     if mask.dtype == torch.bool:  # True = allowed
@@ -116,14 +118,8 @@ def scaled_dot_product_attention(
     all blocked gets weights 0 and output 0 instead of NaN (the choice of
     ``F.scaled_dot_product_attention``; see the module docstring). "All blocked" means
     no True in a bool mask, or only ``-inf`` in a float mask: a finite float mask (such as
-    ``torch.finfo(dtype).min``) is added as it is, in the scores' dtype, and its fully masked
-    rows are not zeroed. With ``finfo(dtype).min`` such a row is uniform in float32, float64
-    and bfloat16. In float16 the sum ``s + finfo.min`` lies on a grid of step 32 near -65504:
-    a scaled score ``s <= -16`` overflows to ``-inf`` (weight 0), one ``>= 16`` rounds to
-    -65472 or above and takes (to float16 precision) all the weight, so the row is uniform
-    only while every ``s`` is in (-16, 16), and it is NaN, in the output and the gradient,
-    when every ``s <= -16`` (``F.scaled_dot_product_attention`` computes float16 in float32
-    on the CPU and returns the unmasked output there instead). Pass a bool mask to get zeros.
+    ``torch.finfo(dtype).min``) is added as it is and its fully masked rows are not zeroed
+    (what they become, per dtype: notebook 03 §4a). Pass a bool mask to get zeros.
 
     Args:
         q: ``(..., seq_q, d_k)``.
@@ -133,7 +129,7 @@ def scaled_dot_product_attention(
         dropout_p: probability of dropping an attention weight (only when ``training``),
             in [0, 1). Kept weights are scaled by :math:`1/(1-p)`.
         training: apply dropout only if True.
-        scale: the factor multiplying :math:`QK^\top`; default :math:`1/\sqrt{d_k}`.
+        scale: the factor multiplying :math:`QK^\top`, a finite number > 0; default :math:`1/\sqrt{d_k}`.
 
     Returns:
         ``(output, weights)``: ``output`` ``(..., seq_q, d_v)``; ``weights``
@@ -150,6 +146,7 @@ def scaled_dot_product_attention(
         raise ValueError(f"k and v must have the same number of keys (dim -2), got k {tuple(k.shape)} and v "
                          f"{tuple(v.shape)}")
     dropout_p = check_fraction(dropout_p, "dropout_p")
+    scale = None if scale is None else check_number(scale, "scale")
     if mask is not None:
         _check_mask(mask, (*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]), q.shape[-2], k.shape[-2]))
     weights = _attention_weights(q, k, mask, scale)  # (..., seq_q, seq_k)
@@ -157,44 +154,8 @@ def scaled_dot_product_attention(
     return torch.matmul(attn, v), weights
 
 
-# ------------------------------------------------- float32 RoPE frequencies (notebook 07 §5)
-class _Float32RopeFrequencies(nn.Module):
-    """The optional buffer ``rope_inv_freq``: per-pair RoPE frequencies ``(head_dim // 2,)`` that replace
-    ``rope_base ** (-2i/d)`` (e.g. :func:`helpers.rope.llama3_frequencies`, set by :func:`helpers.hf.mha_from_llama`).
-
-    A persistent buffer, so it travels in ``state_dict()`` and follows ``.to(device)``. Unlike other
-    buffers it keeps its float32 under dtype casts (``.to(torch.bfloat16)``, ``.half()``), so a cast cannot
-    round it, and ``load_state_dict`` loads it also into a module built without it. ``None`` (plain RoPE,
-    the default) is not in the state_dict. The subclass provides ``head_dim`` and ``linear_q``.
-    """
-
-    def _apply(self, fn, recurse: bool = True):
-        inv = self.rope_inv_freq
-        super()._apply(fn, recurse)
-        new = self.rope_inv_freq
-        if inv is not None and new is not None and new.dtype != inv.dtype:
-            self._buffers["rope_inv_freq"] = inv.to(device=new.device)  # follow the device, keep the dtype
-        return self
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
-        key = prefix + "rope_inv_freq"
-        saved = state_dict.get(key)
-        if isinstance(saved, torch.Tensor):
-            if saved.shape != (self.head_dim // 2,):
-                error_msgs.append(f"size mismatch for {key}: expected shape (head_dim // 2,) = "
-                                  f"({self.head_dim // 2},), got {tuple(saved.shape)}")
-                state_dict = {k: v for k, v in state_dict.items() if k != key}
-            else:  # make room for it (the buffer may be None), in float32 (or the float64 it was saved in)
-                dtype = saved.dtype if saved.dtype == torch.float64 else torch.float32
-                device = self.linear_q.weight.device
-                self._buffers["rope_inv_freq"] = torch.empty(saved.shape, dtype=dtype, device=device)
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
-
-
 # ------------------------------------------------------------------ multi-head module
-class MultiHeadAttention(_Float32RopeFrequencies):
+class MultiHeadAttention(nn.Module):
     r"""Multi-head attention (Vaswani et al. 2017, sec. 3.2.2), batch-first, from scratch.
 
     .. math::
@@ -271,7 +232,7 @@ class MultiHeadAttention(_Float32RopeFrequencies):
         self.rope = bool(rope)
         self.d_model, self.num_heads, self.num_kv_heads = d_model, num_heads, num_kv_heads
         self.head_dim = d_model // num_heads  # d_k
-        self.register_buffer("rope_inv_freq", None, persistent=True)  # see _Float32RopeFrequencies
+        self.register_buffer("rope_inv_freq", None, persistent=True)  # float32 frequencies (07 §5), see _apply
         self.linear_q = nn.Linear(d_model, d_model, bias=bias)
         self.linear_k = nn.Linear(d_model, num_kv_heads * self.head_dim, bias=bias)
         self.linear_v = nn.Linear(d_model, num_kv_heads * self.head_dim, bias=bias)
@@ -305,7 +266,7 @@ class MultiHeadAttention(_Float32RopeFrequencies):
                 defaults to ``query``, ``value`` to ``key``.
             mask: bool (True = allowed) or additive float, broadcastable to ``(batch, heads, seq_q, seq_k)``:
                 e.g. ``causal_mask(seq)``, a key-padding mask ``(batch, 1, 1, seq_k)``.
-            head_mask: ``(num_heads,)`` or ``(batch, num_heads)`` multiplier of each head's output before
+            head_mask: (notebook 05) ``(num_heads,)`` or ``(batch, num_heads)`` multiplier of each head's output before
                 ``linear_out``; 0 prunes a head, a float tensor with ``requires_grad=True`` gives the
                 head-importance gradients of Michel et al.
             need_weights: return the per-head weights (explicit path) or ``None`` (fused path when possible).
@@ -327,22 +288,24 @@ class MultiHeadAttention(_Float32RopeFrequencies):
             return cached_attention(self, query, cache, layer_idx, mask, head_mask, need_weights, positions)
         key = query if key is None else key
         value = key if value is None else value
-        mask = self.check_inputs(query, key, value, mask, positions, key_positions)
+        mask = self.check_inputs(query, key, value, mask, positions, key_positions, head_mask=head_mask)
         q = self.split_heads(self.linear_q(query))  # (b, h, seq_q, d_k)
         k = self.split_heads(self.linear_k(key))  # (b, g, seq_k, d_k), g = num_kv_heads
         v = self.split_heads(self.linear_v(value))  # (b, g, seq_k, d_k)
-        if self.rope:  # rotate q and k by their positions: scores depend on m - n only
+        if self.rope:  # rotate q and k by their positions: scores depend on n - m only
             same = key_positions is None and k.shape[2] == q.shape[2]
             q, k = self.rotate(q, positions), self.rotate(k, positions if same else key_positions)
         return self.attend(q, k, v, mask, head_mask, need_weights)
 
     # -- the pieces of forward ------------------------------------------------------------
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
-        """``(batch, seq, heads * head_dim) -> (batch, heads, seq, head_dim)``: view, then transpose."""
+        """``(batch, seq, heads * head_dim) -> (batch, heads, seq, head_dim)``: view, then transpose. The ``-1``
+        is the heads: ``num_heads`` for q, ``num_kv_heads`` for k and v."""
         return x.view(x.shape[0], x.shape[1], -1, self.head_dim).transpose(1, 2)
 
     def merge_heads(self, x: torch.Tensor) -> torch.Tensor:
-        """``(batch, heads, seq, head_dim) -> (batch, seq, heads * head_dim)``: transpose back, then reshape."""
+        """``(batch, heads, seq, head_dim) -> (batch, seq, heads * head_dim)``: transpose back, then ``flatten(2)`` (a reshape: it
+        copies the transposed view)."""
         return x.transpose(1, 2).flatten(2)
 
     def repeat_kv(self, x: torch.Tensor) -> torch.Tensor:
@@ -371,12 +334,13 @@ class MultiHeadAttention(_Float32RopeFrequencies):
             out = torch.matmul(attn, v)  # (b, h, seq_q, d_k)
         else:  # fused kernel, the same function
             out, weights = F.scaled_dot_product_attention(q, k, v, attn_mask=mask), None
-        if head_mask is not None:  # m_i head_i (notebook 05)
-            out = out * self._head_mask(head_mask, out)
+        if head_mask is not None:  # m_i head_i (notebook 05): (h,) or (batch, h) as (1 or batch, h, 1, 1)
+            out = out * torch.as_tensor(head_mask).view(-1, self.num_heads, 1, 1).to(device=out.device, dtype=out.dtype)
         return self.linear_out(self.merge_heads(out)), (weights if need_weights else None)
 
     # -- argument checks, once per call ---------------------------------------------------
-    def check_inputs(self, query, key, value, mask=None, positions=None, key_positions=None, past: int = 0):
+    def check_inputs(self, query, key, value, mask=None, positions=None, key_positions=None, past: int = 0,
+                     head_mask=None):
         """Check ``forward``'s arguments (``past``: keys already cached, for the decoding step); return the mask
         in the activations' dtype."""
         for name, t in (("query", query), ("key", key), ("value", value)):
@@ -385,29 +349,28 @@ class MultiHeadAttention(_Float32RopeFrequencies):
         if key.shape[:2] != value.shape[:2] or key.shape[0] != query.shape[0]:
             raise ValueError(f"key and value must have the same (batch, seq), and query the same batch size, got "
                              f"query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}")
-        if positions is not None or key_positions is not None:
-            self._check_positions(positions, key_positions, query.shape[1], key.shape[1])
+        if positions is not None or key_positions is not None or head_mask is not None:
+            self._check_options(positions, key_positions, head_mask, query.shape[:2], key.shape[1])
         if mask is None:
             return None
         _check_mask(mask, (query.shape[0], self.num_heads, query.shape[1], past + key.shape[1]))
         return mask if mask.dtype == torch.bool else mask.to(query.dtype)
 
-    def _check_positions(self, positions, key_positions, n_q: int, n_k: int) -> None:
+    def _check_options(self, positions, key_positions, head_mask, batch_seq_q: tuple, n_k: int) -> None:
+        """The RoPE positions (``rope=True`` only) and ``head_mask`` ``(h,)`` or ``(batch, h)`` (notebook 05)."""
+        b, h = batch_seq_q[0], self.num_heads
+        hm = None if head_mask is None else torch.as_tensor(head_mask)
+        if hm is not None and hm.shape != (h,) and not (hm.dim() == 2 and hm.shape[1] == h and hm.shape[0] in (1, b)):
+            raise ValueError(f"head_mask must have shape (num_heads,) = ({h},) or (batch, num_heads) = ({b}, {h}), "
+                             f"got {tuple(hm.shape)}")
+        if positions is None and key_positions is None:
+            return
         if not self.rope:
             raise ValueError("positions/key_positions are only used with rope=True; this module has rope=False")
-        for name, pos, n in (("positions", positions, n_q), ("key_positions", key_positions, n_k)):
+        for name, pos, n in (("positions", positions, batch_seq_q[1]), ("key_positions", key_positions, n_k)):
             shape = None if pos is None else tuple(torch.as_tensor(pos).shape)
             if shape is not None and (len(shape) not in (1, 2) or shape[-1] != n):
                 raise ValueError(f"{name} must have shape (seq,) or (batch, seq) with seq = {n}, got {shape}")
-
-    def _head_mask(self, head_mask, out: torch.Tensor) -> torch.Tensor:
-        """``head_mask`` ``(h,)`` or ``(batch, h)`` as ``(1 or batch, h, 1, 1)`` in ``out``'s dtype (gradients kept)."""
-        hm = torch.as_tensor(head_mask)
-        b, h = out.shape[0], self.num_heads
-        if hm.shape != (h,) and not (hm.dim() == 2 and hm.shape[1] == h and hm.shape[0] in (1, b)):
-            raise ValueError(f"head_mask must have shape (num_heads,) = ({h},) or (batch, num_heads) = ({b}, {h}), "
-                             f"got {tuple(hm.shape)}")
-        return hm.view(-1, h, 1, 1).to(device=out.device, dtype=out.dtype)
 
     # -- interoperability ---------------------------------------------------------------
     @classmethod
@@ -445,3 +408,34 @@ class MultiHeadAttention(_Float32RopeFrequencies):
                 new.linear_out.bias.copy_(module.out_proj.bias)
         new.train(module.training)
         return new
+
+    # -- float32 RoPE frequencies (notebook 07 §5; skip until then) ---------------------------
+    # The optional buffer ``rope_inv_freq``: per-pair RoPE frequencies ``(head_dim // 2,)`` that replace
+    # ``rope_base ** (-2i/d)`` (e.g. helpers.rope.llama3_frequencies, set by helpers.hf.mha_from_llama).
+    # A persistent buffer, so it travels in ``state_dict()`` and follows ``.to(device)``. Unlike other
+    # buffers it keeps its float32 under dtype casts (``.to(torch.bfloat16)``, ``.half()``), so a cast
+    # cannot round it, and ``load_state_dict`` loads it also into a module built without it. ``None``
+    # (plain RoPE, the default) is not in the state_dict.
+    def _apply(self, fn, recurse: bool = True):
+        inv = self.rope_inv_freq
+        super()._apply(fn, recurse)
+        new = self.rope_inv_freq
+        if inv is not None and new is not None and new.dtype != inv.dtype:
+            self._buffers["rope_inv_freq"] = inv.to(device=new.device)  # follow the device, keep the dtype
+        return self
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        key = prefix + "rope_inv_freq"
+        saved = state_dict.get(key)
+        if isinstance(saved, torch.Tensor):
+            if saved.shape != (self.head_dim // 2,):
+                error_msgs.append(f"size mismatch for {key}: expected shape (head_dim // 2,) = "
+                                  f"({self.head_dim // 2},), got {tuple(saved.shape)}")
+                state_dict = {k: v for k, v in state_dict.items() if k != key}
+            else:  # make room for it (the buffer may be None), in float32 (or the float64 it was saved in)
+                dtype = saved.dtype if saved.dtype == torch.float64 else torch.float32
+                device = self.linear_q.weight.device
+                self._buffers["rope_inv_freq"] = torch.empty(saved.shape, dtype=dtype, device=device)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)

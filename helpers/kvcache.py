@@ -16,9 +16,9 @@ With RoPE the cache has two rules, and breaking either is a classic bug:
 Size: per layer and token the cache holds a key and a value for each K/V head,
 :math:`2 \cdot g \cdot d_k` numbers, so
 
-.. math:: \text{bytes} = 2 \cdot L \cdot g \cdot d_k \cdot n \cdot b \cdot \text{sizeof(dtype)}
+.. math:: \text{bytes} = 2 \cdot N \cdot g \cdot d_k \cdot n \cdot b \cdot \text{sizeof(dtype)}
 
-for :math:`L` layers, :math:`g` K/V heads, sequence length :math:`n`, batch :math:`b`: grouped-query
+for :math:`N` layers, :math:`g` K/V heads, sequence length :math:`n`, batch :math:`b`: grouped-query
 attention (Ainslie et al. 2023) divides it by :math:`h/g`, multi-query attention (Shazeer 2019,
 "Fast Transformer Decoding: One Write-Head is All You Need", where the cache's memory traffic is
 the motivation) by :math:`h`.
@@ -46,8 +46,8 @@ class KVCache:
 
     ``keys[l]`` and ``values[l]`` have shape ``(batch, num_kv_heads, seq, head_dim)``; keys are
     stored **after** RoPE. :meth:`update` appends the new tokens' keys and values along ``seq``
-    and returns the whole of them (the same contract as ``cache.update`` in Hugging Face's
-    ``LlamaAttention.forward``).
+    and returns the whole of them (the same return contract as ``cache.update`` in Hugging Face's
+    ``LlamaAttention.forward``, whose arguments come in another order).
 
     Args:
         num_layers: number of attention layers that will share this cache (>= 1).
@@ -126,10 +126,10 @@ class KVCache:
 def kv_cache_bytes(
     num_layers: int, num_kv_heads: int, head_dim: int, seq_len: int, batch: int = 1, dtype: torch.dtype = torch.float32
 ) -> int:
-    r"""Size of a full KV cache: :math:`2 \cdot L \cdot g \cdot d_k \cdot n \cdot b \cdot \text{sizeof(dtype)}` bytes.
+    r"""Size of a full KV cache: :math:`2 \cdot N \cdot g \cdot d_k \cdot n \cdot b \cdot \text{sizeof(dtype)}` bytes.
 
     Args:
-        num_layers, num_kv_heads, head_dim, seq_len, batch: :math:`L, g, d_k, n, b` (ints; seq_len >= 0, others >= 1).
+        num_layers, num_kv_heads, head_dim, seq_len, batch: :math:`N, g, d_k, n, b` (ints; seq_len >= 0, others >= 1).
         dtype: the cache dtype (float32 4 bytes, bfloat16/float16 2).
     """
     for name, v, lo in (("num_layers", num_layers, 1), ("num_kv_heads", num_kv_heads, 1), ("head_dim", head_dim, 1),
@@ -153,15 +153,16 @@ def cached_attention(mha, x: torch.Tensor, cache, layer_idx: int = 0, mask: Opti
         \text{out} = \operatorname{softmax}\!\Big(\frac{q K^\top}{\sqrt{d_k}} + M\Big) V\, W^O
 
     where new query :math:`i` may see keys :math:`0 .. p+i` (:math:`M` is the last :math:`n` rows of the
-    causal mask of length :math:`p+n`). Only the new keys are rotated; the cached ones were rotated when
+    causal mask of length :math:`p+n`, built as those rows only). Only the new keys are rotated; the cached ones were rotated when
     they were new. ``MultiHeadAttention.forward(x, cache=cache, layer_idx=l)`` runs this.
 
     Args:
         mha: a :class:`~helpers.attention.MultiHeadAttention` (its projections, :meth:`rotate`, :meth:`attend`).
         x: ``(batch, n, d_model)``, the new tokens' inputs to this layer.
         cache: any object with ``seq_len(layer_idx)`` and ``update(layer_idx, key, value)`` (append
-            ``(b, g, n, d_k)`` keys and values, return all of them): a :class:`KVCache`, or Hugging Face's
-            ``cache.update`` contract. Updated in place.
+            ``(b, g, n, d_k)`` keys and values, return all of them), e.g. a :class:`KVCache`: the same return
+            contract as Hugging Face's ``cache.update``, but Hugging Face cache objects are not accepted (their
+            ``update(key_states, value_states, layer_idx)`` takes another order). Updated in place.
         layer_idx: which layer of the cache this attention owns.
         mask: bool (True = allowed) or additive float mask broadcastable to ``(batch, heads, n, p + n)``;
             default the causal rows above.
@@ -176,7 +177,7 @@ def cached_attention(mha, x: torch.Tensor, cache, layer_idx: int = 0, mask: Opti
         raise TypeError("cache must be a KV cache with update(layer_idx, key, value) and seq_len(layer_idx) "
                         f"(e.g. helpers.kvcache.KVCache), got {type(cache).__name__}")
     past = cache.seq_len(layer_idx)  # p: the new tokens sit at positions p .. p+n-1
-    mask = mha.check_inputs(x, x, x, mask, positions, past=past)
+    mask = mha.check_inputs(x, x, x, mask, positions, past=past, head_mask=head_mask)
     n = x.shape[1]
     q, k, v = (mha.split_heads(lin(x)) for lin in (mha.linear_q, mha.linear_k, mha.linear_v))  # (b, h or g, n, d_k)
     if mha.rope:  # rule 1: rotate at the absolute positions, not at 0 .. n-1
@@ -184,7 +185,7 @@ def cached_attention(mha, x: torch.Tensor, cache, layer_idx: int = 0, mask: Opti
         q, k = mha.rotate(q, positions), mha.rotate(k, positions)
     k, v = cache.update(layer_idx, k, v)  # rule 2: keys are cached after RoPE; (b, g, p + n, d_k)
     if mask is None:  # new query i sees keys 0 .. p + i
-        mask = torch.ones(past + n, past + n, dtype=torch.bool, device=x.device).tril()[past:]  # (n, p + n)
+        mask = torch.arange(past, past + n, device=x.device)[:, None] >= torch.arange(past + n, device=x.device)  # (n, p + n)
     return mha.attend(q, k, v, mask, head_mask, need_weights)
 
 

@@ -432,8 +432,7 @@ class TinyTransformer(nn.Module):
         """
         if not self.causal:
             raise ValueError("generate needs causal=True (a decoder-only model)")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        check_int(max_new_tokens, "max_new_tokens", 0)  # TypeError for a bool or a float, as greedy_generate
         if isinstance(tokens, torch.Tensor) and tokens.dim() == 2 and tokens.shape[1] + max_new_tokens > self.max_len:
             raise ValueError(
                 f"prompt length + max_new_tokens must be <= max_len={self.max_len}, got "

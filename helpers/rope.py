@@ -43,6 +43,7 @@ __all__ = [
     "rotation_matrix",
     "apply_rope_matrix",
     "apply_rope",
+    "rope_cos_sin",
     "apply_rope_complex",
     "interleaved_to_half",
     "half_to_interleaved",
@@ -104,8 +105,8 @@ def rope_angles(
     themselves (bfloat16 holds integers exactly only up to 256), as in :func:`apply_rope`.
     """
     check_even(head_dim, "head_dim", _PAIRS)
-    if isinstance(positions, torch.Tensor):
-        _check_positions_dtype(positions)
+    if not isinstance(positions, int) or isinstance(positions, bool):  # a tensor, a list, a bool: its dtype checked
+        _check_positions_dtype(torch.as_tensor(positions))
     if isinstance(positions, int) and not isinstance(positions, bool):
         if positions < 0:
             raise ValueError(f"positions as an int is a sequence length and must be >= 0, got {positions}")
@@ -327,7 +328,8 @@ def _rotate(
     if layout == "interleaved" and _complex_viewable(x):
         z = torch.view_as_complex(x.unflatten(-1, (x.shape[-1] // 2, 2)))  # z_i = x_{2i} + i x_{2i+1}, no copy
         return torch.view_as_real(z * (torch.complex(cos, sin) if rot is None else rot)).flatten(-2)  # z_i e^{i m θ_i}
-    # RoFormer eq. 34: x ⊙ (cos, cos) + (-x_b, x_a) ⊙ (sin, sin), the sin terms added by a fused multiply-add
+    # RoFormer eq. 34: x ⊙ (cos, cos) + (-x_b, x_a) ⊙ (sin, sin), the sin terms added by addcmul_ (one operator;
+    # on AVX2/AVX-512 CPUs a fused multiply-add)
     xa, xb = _members(x, layout)
     out = x * (torch.stack((cos, cos), -1).flatten(-2) if layout == "interleaved" else torch.cat((cos, cos), -1))
     oa, ob = _members(out, layout)
@@ -360,7 +362,7 @@ def apply_rope(
 
     How it runs (appendix notebook 02a measures each step): the cos/sin table of positions
     ``0 .. seq-1`` is memoised. Interleaved float32/float64 pairs are viewed as complex numbers
-    (no copy) and multiplied by :math:`e^{im\theta_i}` in one pass. The half layout multiplies by
+    (no copy, when the strides allow) and multiplied by :math:`e^{im\theta_i}` in one pass. The half layout multiplies by
     ``cat(cos, cos)`` and adds each half's sine term with ``addcmul_``. float16/bfloat16 input is
     rotated the same way on a float32 copy and rounded once, as Meta's Llama does.
 
@@ -369,18 +371,10 @@ def apply_rope(
         positions: ``None`` (``0 .. seq-1``), or positions (integers, or floats for
             interpolated positions) of shape
 
-            * ``(seq,)``: the same positions for every row;
-            * ``(batch, seq)``: one row of positions per example. On input with three or
-              more leading dimensions, e.g. ``(batch, heads, seq, head_dim)``, it follows
-              Hugging Face's convention (``apply_rotary_pos_emb(..., unsqueeze_dim=1)``):
-              example ``b`` uses ``positions[b]`` for all of its heads, as if it were
-              ``positions[:, None, :]``. (Right-aligned broadcasting would pair
-              ``positions[b]`` with head ``b``: a silent error when batch == heads.)
-              ``batch`` must equal ``x.shape[0]`` (or be 1);
-            * as many dimensions as ``x.shape[:-1]``, broadcastable to it, e.g.
-              ``(batch, 1, seq)``.
-
-            Other shapes raise ``ValueError``.
+            ``(seq,)`` (every row); ``(batch, seq)``, one row per example: on
+            ``(batch, heads, seq, head_dim)`` input example ``b`` uses ``positions[b]`` in every
+            head, as Hugging Face does (not right-aligned broadcasting); or as many dimensions as
+            ``x.shape[:-1]``, broadcastable to it. Other shapes raise ``ValueError``.
         base: frequency base, > 0.
         layout: ``"interleaved"`` or ``"half"``.
         scale: position interpolation (Chen et al. 2023): every position is divided by
@@ -398,14 +392,14 @@ def apply_rope(
     d = check_even(x.shape[-1], "head_dim (x.shape[-1])", _PAIRS)
     base = check_number(base, "base")
     check_choice(layout, "layout", LAYOUTS)
-    if positions is None and scale == 1.0 and ntk_scale == 1.0 and frequencies is None:
+    if positions is None and frequencies is None and check_number(scale, "scale", _NO_SCALING) == check_number(ntk_scale, "ntk_scale", _NO_SCALING) == 1:
         cos, sin, rot = _cached_tables(x.shape[-2], d, base, str(x.device), x.dtype == torch.float64)  # m θ_i, m < seq
         return _rotate(x, cos, sin, layout, rot)
     adt = _angle_dtype(x.dtype)
-    if ntk_scale != 1.0:  # NTK-aware: base' = base * s^(d/(d-2))
+    if check_number(ntk_scale, "ntk_scale", _NO_SCALING) != 1.0:  # NTK-aware: base' = base * s^(d/(d-2))
         if frequencies is not None:
             raise ValueError("frequencies and ntk_scale cannot be combined (both set the frequencies); pass one")
-        base = ntk_scaled_base(base, check_number(ntk_scale, "ntk_scale", _NO_SCALING), d)
+        base = ntk_scaled_base(base, ntk_scale, d)
     if frequencies is None:
         theta = rope_frequencies(d, base, dtype=adt, device=x.device)  # θ_i = base^(-2i/d)
     else:  # given per-pair frequencies, e.g. Llama 3.1's rescaled ones
@@ -413,6 +407,24 @@ def apply_rope(
     pos = _positions_tensor(positions, x.shape[-2], x.device, adt, x.shape)  # (batch, seq): per example
     angle = pos[..., None] / check_number(scale, "scale", _NO_SCALING) * theta  # (m / s) θ_i: interpolated positions
     return _rotate(x, torch.cos(angle), torch.sin(angle), layout)
+
+
+def rope_cos_sin(
+    x: torch.Tensor, positions: PositionsLike = None, base: float = 10000.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""The float32 ``cos`` and ``sin`` of the angles :math:`m\theta_i` by which ``apply_rope(x, positions, base)``
+    turns float16/bfloat16/float32 ``x``, broadcastable to ``(..., seq, head_dim // 2)``; ``positions`` as
+    :func:`apply_rope` takes them (``None``: its memoised table). For code that rotates by its own means
+    (:func:`helpers.lab.rope_kernel.fused_apply_rope`)."""
+    check_tensor(x, "x", min_dim=2, floating=True)
+    d = check_even(x.shape[-1], "head_dim (x.shape[-1])", _PAIRS)
+    base = check_number(base, "base")
+    if positions is None:
+        cos, sin, _ = _cached_tables(x.shape[-2], d, base, str(x.device), False)
+        return cos, sin
+    pos = _positions_tensor(positions, x.shape[-2], x.device, torch.float32, x.shape)
+    angle = pos[..., None] * rope_frequencies(d, base, device=x.device)  # m θ_i, as apply_rope
+    return torch.cos(angle), torch.sin(angle)
 
 
 def apply_rope_complex(
@@ -492,16 +504,18 @@ class RotaryEmbedding(torch.nn.Module):
 
     ``forward(x, positions=None)`` rotates ``x`` of shape ``(..., seq, head_dim)`` exactly as
     :func:`apply_rope` with the same arguments does. The table holds positions ``0 .. n-1`` in the
-    angle dtype, per device (``"cuda"`` and ``cuda:<current>`` are one key); it doubles when a
-    longer sequence or a larger integer position arrives, so it never fails on length
-    (:meth:`cache_len` says how long it is). Non-integer positions (e.g. interpolated) are
+    angle dtype, per device (``"cuda"`` and ``cuda:<current>`` are one key). It is built at the first
+    call, and when a longer sequence or a larger integer position arrives it grows to the larger of
+    the length needed and twice its length, so it never fails on length (:meth:`cache_len` says how
+    long it is). Non-integer positions (e.g. interpolated) are
     computed directly. ``positions`` takes the shapes of :func:`apply_rope`.
 
     Args:
         head_dim: even, >= 2.
         base: frequency base, > 0.
         layout: ``"interleaved"`` or ``"half"``.
-        initial_cache_len: how many positions to precompute (>= 1).
+        initial_cache_len: the fewest positions the table holds once built (>= 1); nothing is
+            built at construction.
         scale: position interpolation (Chen et al. 2023): positions are divided by ``scale``
             (> 0; 1 = off), as in :func:`apply_rope`.
         ntk_scale: NTK-aware scaling (bloc97 2023): the rotations use
@@ -611,8 +625,7 @@ def _positions_tensor(
     if positions is None:
         return torch.arange(seq, device=device, dtype=dtype)
     raw = positions if isinstance(positions, torch.Tensor) else torch.as_tensor(positions)
-    if isinstance(positions, torch.Tensor):
-        _check_positions_dtype(positions)
+    _check_positions_dtype(raw)  # also a list of bools (a bool tensor once converted)
     if (dtype == torch.float32 and not raw.is_floating_point() and raw.device.type != "meta" and raw.numel()
             and int(raw.abs().max()) > 2**24):
         raise ValueError(

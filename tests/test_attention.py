@@ -469,3 +469,21 @@ def test_docstrings_say_nn_multiheadattention_returns_weights_after_dropout():
     doc = inspect.getdoc(A.scaled_dot_product_attention)
     assert "as ``nn.MultiheadAttention`` returns them" not in doc
     assert "*after* dropout" in doc
+
+
+def test_scale_is_checked():
+    q = torch.randn(1, 2, 3, 4)
+    for bad, err in ((True, TypeError), ("0.5", TypeError), (0.0, ValueError), (float("inf"), ValueError)):
+        with pytest.raises(err, match="scale"):
+            scaled_dot_product_attention(q, q, q, scale=bad)
+
+
+def test_a_bad_head_mask_is_refused_before_any_attention_is_computed(monkeypatch):
+    """head_mask is checked with the other arguments (check_inputs), also in a KV-cache step."""
+    from helpers.kvcache import KVCache
+
+    mha = MultiHeadAttention(8, 2)
+    monkeypatch.setattr(mha, "attend", lambda *a, **k: pytest.fail("attend ran before head_mask was checked"))
+    for kw in ({}, {"cache": KVCache(1)}):
+        with pytest.raises(ValueError, match=r"head_mask must have shape \(num_heads,\) = \(2,\)"):
+            mha(torch.randn(1, 3, 8), head_mask=torch.ones(3), **kw)

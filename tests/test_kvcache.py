@@ -194,10 +194,12 @@ def test_errors():
     x = _prompt(n=5)
     with pytest.raises(ValueError, match=r"prompt length \+ max_new_tokens must be <= max_len=12, got 5 \+ 8 = 13"):
         m.generate(x, 8)
-    with pytest.raises(ValueError, match=r"max_new_tokens must be an int >= 0, got -1"):
+    with pytest.raises(ValueError, match=r"max_new_tokens must be >= 0, got -1"):
         m.generate(x, -1)
-    with pytest.raises(ValueError, match=r"max_new_tokens must be an int >= 0, got 2.0"):
-        m.generate(x, 2.0)
+    for bad in (2.0, True):  # not an int (a bool is not a count): TypeError, from generate and greedy_generate alike
+        for gen in (m.generate, lambda t, n: greedy_generate(m, t, n)):
+            with pytest.raises(TypeError, match=rf"max_new_tokens must be an int, got {type(bad).__name__}"):
+                gen(x, bad)
     with pytest.raises(TypeError, match="use_cache must be a bool, got str"):
         m.generate(x, 2, use_cache="yes")
     with pytest.raises(ValueError, match=r"tokens must be a \(batch, prompt_len\) tensor with prompt_len >= 1, got \(3, 0\)"):

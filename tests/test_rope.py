@@ -1067,3 +1067,33 @@ def test_benchmark_withholds_its_verdict_on_a_busy_machine(monkeypatch):
     assert bench.verdict(True).startswith("NOT JUDGED (load 2.5 on 2 cores")
     monkeypatch.setattr(bench.os, "getloadavg", lambda: (0.4, 0.5, 0.5))
     assert bench.verdict(True) == "PASS" and bench.verdict(False) == "FAIL"
+
+
+def test_scale_and_ntk_scale_are_checked_on_the_default_path_too():
+    """The shortcut for default positions checks ``scale`` and ``ntk_scale`` as the other path does."""
+    x = torch.randn(1, 3, 8)
+    for kw in (dict(scale=True), dict(ntk_scale=True), dict(scale=0.0), dict(ntk_scale=float("nan"))):
+        with pytest.raises((TypeError, ValueError), match="scale"):
+            apply_rope(x, **kw)
+        with pytest.raises((TypeError, ValueError), match="scale"):
+            apply_rope(x, [0, 1, 2], **kw)
+
+
+def test_a_list_of_bools_as_positions_is_refused_like_a_bool_tensor():
+    x = torch.randn(1, 3, 8)
+    for call in (lambda p: apply_rope(x, p), lambda p: R.rope_angles(p, 8), lambda p: R.RotaryEmbedding(8)(x, p)):
+        for p in ([True, False, True], torch.tensor([True, False, True])):
+            with pytest.raises(TypeError, match="positions must be an integer or real floating-point tensor"):
+                call(p)
+
+
+def test_rope_cos_sin_are_the_tables_apply_rope_uses():
+    """cos/sin of the angles apply_rope turns float32 x by (default and given positions)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 7, 8, generator=g)
+    for pos in (None, torch.randint(0, 500, (2, 7), generator=g), [3, 1, 4, 1, 5, 9, 2]):
+        cos, sin = R.rope_cos_sin(x, pos)
+        assert cos.dtype == sin.dtype == torch.float32
+        xa, xb = x[..., 0::2], x[..., 1::2]
+        ref = torch.stack((xa * cos - xb * sin, xb * cos + xa * sin), -1).flatten(-2)
+        torch.testing.assert_close(apply_rope(x, pos), ref, rtol=0, atol=1e-6)

@@ -11,7 +11,9 @@ process which never asks for the kernel loads none is ``tests/test_rope_lowp.py`
 """
 from __future__ import annotations
 
+import ctypes
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -400,11 +402,29 @@ x = torch.randn(1, 8, 256, 128).bfloat16()
 torch.set_num_threads(2)
 assert torch.equal(K.fused_apply_rope(x), apply_rope(x))
 print(K.status(torch.bfloat16))
+print("library in use has OpenMP:", K._library()[0].uses_openmp())
 """
     res = _run(code)
     assert res.returncode == 0, res.stderr
     if K._torch_libgomp() and "OpenMP" in K.status(torch.bfloat16):
         assert "parallel on threads of its own (the -fopenmp build did not share PyTorch's OpenMP runtime)" in res.stdout
+        assert "library in use has OpenMP: 0" in res.stdout, res.stdout  # the status describes the library in use
+
+
+@needs_kernel
+def test_both_builds_in_one_process_are_two_libraries():
+    """The pool build, then the own-threads build, in one process: two libraries, each the one it says it
+    is (a descriptor number reused for the second load would hand back the first library)."""
+    code = """
+import torch
+from helpers.lab import rope_kernel as K
+pool, own = K._library()[0], K._library(own_threads=True)[0]
+print(pool.uses_openmp(), own.uses_openmp(), pool._handle != own._handle)
+"""
+    res = _run(code)
+    assert res.returncode == 0, res.stderr
+    expected = "1 0 True" if "OpenMP (PyTorch's runtime)" in K.status(torch.bfloat16) else "0 0 True"
+    assert res.stdout.strip().splitlines()[-1] == expected, res.stdout
 
 
 def test_kernel_with_threads_of_its_own():
@@ -528,6 +548,56 @@ def test_the_library_is_built_under_a_temporary_name_and_renamed(cache, monkeypa
     assert sorted(p.name for p in cache.iterdir()) == sorted(dst.name for _, dst, _, _ in renames)
     for _, dst, _, _ in renames:
         assert stat.S_IMODE(os.stat(dst).st_mode) & 0o022 == 0
+
+
+@needs_kernel
+def test_a_library_built_under_a_permissive_umask_is_private(cache, monkeypatch, tmp_path):
+    """A linker that writes its output as a new file (lld, ld64; GNU ld keeps the temporary file's mode)
+    gives it 0o775 under umask 0o002: the build sets 0o700 itself, so the library passes its own check."""
+    cc = tmp_path / "cc-new-output"
+    cc.write_text('#!/bin/sh\nprev=\nfor a; do [ "$prev" = -o ] && rm -f "$a"; prev=$a; done\n'
+                  f'exec {K._compiler()[0]} "$@"\n')
+    cc.chmod(0o755)
+    monkeypatch.setenv("CC", str(cc))
+    old = os.umask(0o002)
+    try:
+        so = _plant_library(cache)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(so).st_mode) & 0o022 == 0
+
+
+def _mapping_inode(address: int) -> int:
+    """The inode of the file mapped at ``address`` in this process (``/proc/self/maps``)."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        span, _, _, _, inode = line.split()[:5]
+        lo, hi = (int(a, 16) for a in span.split("-"))
+        if lo <= address < hi:
+            return int(inode)
+    raise AssertionError(f"nothing mapped at {address:#x}")
+
+
+@needs_kernel
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="loading through the open file is Linux's /proc/self/fd")
+def test_the_file_checked_is_the_file_loaded(cache, monkeypatch):
+    """A file put in the library's place after the owner/mode check is not what gets loaded: the mapped
+    code is the checked open file's inode (loading by path would map the file swapped in)."""
+    built = _plant_library(cache)
+    fresh, swapped = built.with_name("fresh.so"), built.with_name("swapped.so")
+    shutil.copy(built, fresh)  # the same bytes under a name never loaded, and another inode to swap in
+    shutil.copy(built, swapped)
+    real_check = K._check_private
+
+    def check_then_swap(st, path, what):
+        real_check(st, path, what)
+        if what == "the library":
+            os.replace(swapped, fresh)
+
+    monkeypatch.setattr(K, "_check_private", check_then_swap)
+    lib = K._open_checked(fresh)
+    checked = os.fstat(lib._checked_fd).st_ino
+    assert os.stat(fresh).st_ino != checked  # the path now names the file swapped in
+    assert _mapping_inode(ctypes.cast(lib.rope_lowp, ctypes.c_void_p).value) == checked
 
 
 def test_a_failed_build_leaves_nothing_behind(cache, monkeypatch):

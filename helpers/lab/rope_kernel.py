@@ -10,12 +10,15 @@ in float32, rounded once). Call it explicitly::
 
 Why it exists. In eager PyTorch every element-wise operator is one pass over memory, and on the
 CPU each bfloat16 operator widens every element to float32 and rounds it back. So rotating
-bfloat16 by operators with one rounding needs float32 temporaries twice the size of ``x``: about
-5x the time of ``x.clone()`` (interleaved) and 9x (half layout) in the benchmark's idle runs
-(``benchmarks/results/rope_bench_2026-12-01.md``). This kernel, a short C loop (about two hundred
+bfloat16 by operators with one rounding needs float32 temporaries twice the size of ``x``:
+6.5-10x the time of ``x.clone()`` (interleaved) and 9-15x (half layout) in ``rope_bench.py``'s runs
+of 2026-12-02 (a 2-core AVX-512 machine shared with other jobs, so under load:
+``benchmarks/results/rope_bench_2026-12-02.txt``). This kernel, a short C loop (about two hundred
 lines with AVX2 vector code) compiled once per machine by the system's C compiler, reads each
 pair once, widens it, rotates it with float32 ``cos``/``sin``, rounds once (to nearest even, as
-``Tensor.to`` does) and writes it once: 1.0-1.6x ``x.clone()`` there.
+``Tensor.to`` does) and writes it once: 1.8-2.7x ``x.clone()`` in those runs, and 1.0-1.6x in the
+idle runs of 2026-12-01 on a 2-core AVX2 machine with 32 MiB of L3, where the benchmark's clone
+read ``x`` from main memory (``rope_bench_2026-12-01.md``).
 
 .. math::
     y_a = \mathrm{rd}(x_a\cos\phi - x_b\sin\phi), \qquad
@@ -23,16 +26,19 @@ pair once, widens it, rotates it with float32 ``cos``/``sin``, rounds once (to n
 
 Each product and sum is a float32 operation without fused multiply-add (``-ffp-contract=off``),
 so the kernel equals step-by-step float32 arithmetic bit for bit (``tests/test_rope_kernel.py``).
-``apply_rope``'s interleaved path gives the same bits; its half layout adds the sine term with a
-fused multiply-add, one rounding fewer, so there about one output in 10^4 (float16; 10^5 in
-bfloat16) is one rounding step away. The backward pass is the inverse rotation
-(:math:`R^\top = R_{-m}`), by the same kernel.
+``apply_rope``'s interleaved path gives the same bits. Where ``addcmul_`` is a fused multiply-add
+(PyTorch's AVX2 and AVX-512 kernels), its half layout adds the sine term with one rounding fewer:
+about one output in 10^4 (float16; a few in 10^5 in bfloat16) differs, by one rounding step or,
+near a cancellation, by up to 2^-22 (|x_a| + |x_b|) more (appendix 02a §3 asserts that bound).
+The backward pass is the inverse rotation (:math:`R^\top = R_{-m}`), by the same kernel.
 
 Where it runs. Linux and macOS with ``cc``, ``gcc`` or ``clang`` (or ``$CC``), little-endian,
 CPU tensors of 2 to 4 dimensions whose last dimension is contiguous. Not on Windows (it needs a
 POSIX compiler and ``pthread``). It sits outside PyTorch's dispatcher (``ctypes`` on the
 tensors' memory), so ``torch.compile``, ``vmap`` and tensor subclasses are refused, not served.
-:func:`status` says which applies.
+:func:`status` says whether it can be built and loaded here; a tensor it cannot rotate (another
+device, a ``torch.func`` transform, a subclass) makes :func:`fused_apply_rope` raise ``ValueError``
+saying why.
 
 The compiled library is kept in the user's cache folder (:func:`cache_folder`, e.g.
 ``~/.cache/attention-notebooks``), created private (mode 0o700). A library is built under a
@@ -47,9 +53,10 @@ GCC, the loop is built with ``-fopenmp`` and runs on PyTorch's own thread pool: 
 it to the ``libgomp.so.1`` torch already loaded, which is checked by comparing the address of
 ``omp_get_max_threads`` in both (nothing is changed to check it). A thread of its own per call
 shared the two cores with PyTorch's spinning workers and took 2.7-3.1x ``x.clone()`` instead of
-1.0-1.6x. Elsewhere (clang, macOS, another runtime) it starts threads of its own. As with
-PyTorch's own operators on OpenMP, a forked child must call ``torch.set_num_threads(1)`` before
-using it (:func:`helpers.lab.sweep` does); with one thread the kernel opens no parallel region.
+1.0-1.6x (on the AVX2 machine; on the AVX-512 one the two took about the same time). Elsewhere
+(clang, macOS, another runtime) it starts threads of its own. As with PyTorch's own operators on
+OpenMP, a forked child must call ``torch.set_num_threads(1)`` before using it
+(:func:`helpers.lab.sweep` does); with one thread the kernel opens no parallel region.
 """
 from __future__ import annotations
 
@@ -68,8 +75,8 @@ from typing import Optional
 
 import torch
 
-from .. import rope as _rope
-from ..validate import check_choice, check_even, check_number, check_tensor
+from ..rope import LAYOUTS, PositionsLike, rope_cos_sin
+from ..validate import check_choice
 
 __all__ = ["fused_apply_rope", "status", "cache_folder", "KernelUnavailable"]
 
@@ -314,7 +321,7 @@ def _check_private(st: os.stat_result, path: Path, what: str) -> None:
     if st.st_uid != os.getuid() or st.st_mode & 0o022:
         raise KernelUnavailable(
             f"refusing {what} {path}: owner uid {st.st_uid} (this user is {os.getuid()}), mode "
-            f"{stat.S_IMODE(st.st_mode):#o}; only one of this user's that group and others cannot write is used")
+            f"{stat.S_IMODE(st.st_mode):#o}; it must belong to this user and be writable by no one else")
 
 
 def _private_folder() -> Path:
@@ -330,7 +337,11 @@ def _private_folder() -> Path:
 
 def _open_checked(so: Path) -> ctypes.CDLL:
     """Load the library ``so`` after checking its owner and mode on the open file itself; on Linux
-    the library is loaded through that open file, so a file swapped in after the check is not loaded."""
+    the library is loaded through that open file, so a file swapped in after the check is not loaded.
+
+    The file stays open for the library's life (``lib._checked_fd``): glibc's ``dlopen`` returns an
+    already-loaded object of the same name, so a second library loaded through a reused descriptor
+    number ``/proc/self/fd/N`` would get the first one's handle."""
     try:
         fd = os.open(so, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))  # a symbolic link is refused
     except OSError as err:
@@ -342,11 +353,14 @@ def _open_checked(so: Path) -> ctypes.CDLL:
         _check_private(st, so, "the library")
         via_fd = Path(f"/proc/self/fd/{fd}")
         try:
-            return ctypes.CDLL(str(via_fd) if via_fd.exists() else str(so))
+            lib = ctypes.CDLL(str(via_fd) if via_fd.exists() else str(so))
         except OSError as err:
             raise KernelUnavailable(f"loading the compiled kernel {so} failed: {err}") from None
-    finally:
+    except BaseException:
         os.close(fd)
+        raise
+    lib._checked_fd = fd
+    return lib
 
 
 def _compiler() -> tuple[str, str]:
@@ -386,7 +400,7 @@ def _build(cc: str, version: str, flags: list) -> ctypes.CDLL:
             proc = subprocess.run([cc, *flags, str(src), "-o", tmp], capture_output=True, text=True, timeout=120)
             if proc.returncode != 0:
                 raise KernelUnavailable(f"compiling the kernel with {cc} failed: {proc.stderr.strip()[:300]}")
-            os.chmod(tmp, 0o700)  # the linker's mode follows the umask; the check below wants no group/other write
+            os.chmod(tmp, 0o700)  # a linker writing a new file takes the umask's mode; the check wants no group/other write
             os.replace(tmp, so)  # atomic: another process sees the whole library or none
         except (OSError, subprocess.SubprocessError) as err:
             raise KernelUnavailable(f"compiling the kernel failed: {err}") from None
@@ -561,7 +575,7 @@ class _FusedRope(torch.autograd.Function):
 
 
 def fused_apply_rope(
-    x: torch.Tensor, positions: _rope.PositionsLike = None, base: float = 10000.0, layout: str = "interleaved",
+    x: torch.Tensor, positions: PositionsLike = None, base: float = 10000.0, layout: str = "interleaved",
     *, own_threads: bool = False,
 ) -> torch.Tensor:
     """:func:`helpers.apply_rope` of float16/bfloat16 CPU ``x`` by the fused kernel: the same
@@ -574,16 +588,8 @@ def fused_apply_rope(
     Raises :class:`KernelUnavailable` where the kernel cannot be built or loaded (:func:`status`
     says why) and ``ValueError`` for tensors it cannot rotate (the message says why).
     """
-    check_tensor(x, "x", min_dim=2, floating=True)
-    d = check_even(x.shape[-1], "head_dim (x.shape[-1])", _rope._PAIRS)
-    base = check_number(base, "base")
-    check_choice(layout, "layout", _rope.LAYOUTS)
-    if positions is None:
-        cos, sin, _ = _rope._cached_tables(x.shape[-2], d, base, str(x.device), False)
-    else:
-        pos = _rope._positions_tensor(positions, x.shape[-2], x.device, torch.float32, x.shape)
-        angle = pos[..., None] * _rope.rope_frequencies(d, base, device=x.device)  # m θ_i, as apply_rope
-        cos, sin = torch.cos(angle), torch.sin(angle)
+    cos, sin = rope_cos_sin(x, positions, base)  # checks x, head_dim and base; the angles of apply_rope
+    check_choice(layout, "layout", LAYOUTS)
     why = _why_not(x, cos, sin)
     if why is not None:
         raise ValueError(f"the fused kernel does not apply here: {why}; helpers.apply_rope rotates it with operators")

@@ -269,11 +269,6 @@ class SweepResult:
     def mean(self, key: str = "value") -> float:
         return float(np.mean(self.values(key)))
 
-    def std(self, key: str = "value") -> float:
-        """Sample standard deviation (``ddof=1``; 0 for a single seed)."""
-        v = self.values(key)
-        return float(np.std(v, ddof=1)) if len(v) > 1 else 0.0
-
     def count(self, key: str, predicate: Callable[[float], bool]) -> int:
         """How many seeds satisfy ``predicate(value)``."""
         return int(sum(bool(predicate(v)) for v in self.values(key)))

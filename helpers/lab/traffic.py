@@ -9,8 +9,8 @@ new full-size buffer, and whether it touches a non-contiguous (strided) last dim
 It is built on :class:`torch.overrides.TorchFunctionMode`, the *public* mode hook of the
 ``__torch_function__`` protocol (documented in PyTorch's "Extending PyTorch" notes). The
 lower-level ``TorchDispatchMode``, which sees individual ATen kernels, lives in the private
-module ``torch.utils._python_dispatch`` and is deliberately not used. The difference
-matters for what is counted: one logged operation is one call such as ``torch.stack`` or
+module ``torch.utils._python_dispatch``; it is not used here (:mod:`helpers.lab.memory` uses it).
+The difference matters for what is counted: one logged operation is one call such as ``torch.stack`` or
 ``x * cos``, however many kernels torch runs inside it; its traffic is the size of its
 tensor inputs plus its tensor outputs, i.e. the traffic of an ideal kernel for that call.
 
