@@ -430,13 +430,23 @@ def test_explorers_in_a_running_asyncio_loop_coalesce_and_end_at_the_last_value(
 
     async def drag():
         ex, calls = _tiny(coalesce_ms=30)
+        slow = ex.compute
+
+        def compute(**kw):  # a frame of at least 20 ms: the rest after it outlasts the burst's own gaps
+            time.sleep(0.02)
+            return slow(**kw)
+
+        ex.compute = compute
         await asyncio.sleep(0.05)
+        before = len(calls)  # the initial frame
         for v in range(1, 11):
             _from_browser(ex, "a", v)
-        drawn_during = list(calls)
+        drawn_during = calls[before:]
         await asyncio.sleep(0.2)
         return ex, calls, drawn_during
 
     ex, calls, during = asyncio.run(drag())
-    assert during[-1] == 1  # the first change drawn at once, the others left for the timer
-    assert calls[-1] == 10 and ex.state["a"] == 10 and len(calls) <= 4
+    # the first change is drawn at once; the rest of the burst waits for the timer (a loaded machine may
+    # stretch a gap past the rest and draw one more at once)
+    assert during[:1] == [1] and len(during) <= 2
+    assert calls[-1] == 10 and ex.state["a"] == 10 and len(calls) <= 6
