@@ -421,9 +421,13 @@ from helpers.lab import rope_kernel as K
 pool, own = K._library()[0], K._library(own_threads=True)[0]
 print(pool.uses_openmp(), own.uses_openmp(), pool._handle != own._handle)
 """
+    here = K.status(torch.bfloat16)
+    if "available for" not in here:
+        pytest.skip(f"the kernel cannot be built here: {here}")
     res = _run(code)
     assert res.returncode == 0, res.stderr
-    expected = "1 0 True" if "OpenMP (PyTorch's runtime)" in K.status(torch.bfloat16) else "0 0 True"
+    # without the OpenMP build both calls compile the same flags into the same file: one library serves both
+    expected = "1 0 True" if "OpenMP (PyTorch's runtime)" in here else "0 0 False"
     assert res.stdout.strip().splitlines()[-1] == expected, res.stdout
 
 
