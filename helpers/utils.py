@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 
 import numpy as np
 import torch
@@ -20,7 +21,11 @@ def seed_everything(seed: int = 0, num_threads: int = 1, deterministic: bool = T
     * ``torch.set_num_threads(num_threads)``: the number of threads changes how float
       sums are split, hence their last digits (measured on the course machine), so the
       notebooks fix it; 1 thread is also the fastest for their tiny models.
-    * ``torch.use_deterministic_algorithms(deterministic)``.
+    * ``torch.use_deterministic_algorithms(deterministic)``, the part that eager code reads
+      (``torch.are_deterministic_algorithms_enabled()``). In torch 2.13 that function also imports
+      ``torch.compile``'s configuration to set its flag there, about 0.9 s on the first call of a
+      process; the series never compiles, so that import is skipped unless something loaded it
+      already (then torch's own function sets both).
     * On CUDA (``torch.cuda.is_available()``) with ``deterministic=True``: the
       environment variable ``CUBLAS_WORKSPACE_CONFIG`` is set to ``":4096:8"`` **if it is
       not set already** (a value you set wins). Deterministic cuBLAS matrix products need
@@ -48,5 +53,8 @@ def seed_everything(seed: int = 0, num_threads: int = 1, deterministic: bool = T
     np.random.seed(seed)
     torch.manual_seed(seed)  # CPU and all CUDA devices
     torch.set_num_threads(num_threads)
-    torch.use_deterministic_algorithms(deterministic)
+    if "torch._inductor.config" in sys.modules:
+        torch.use_deterministic_algorithms(deterministic)
+    else:
+        torch._C._set_deterministic_algorithms(deterministic, warn_only=False)
     return torch.Generator().manual_seed(seed)

@@ -11,17 +11,19 @@ import os
 import pytest
 import torch
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-transformers = pytest.importorskip("transformers")
-from transformers import LlamaConfig  # noqa: E402
-from transformers.models.llama.modeling_llama import (  # noqa: E402
-    LlamaAttention,
-    LlamaRotaryEmbedding,
-    apply_rotary_pos_emb,
-)
+from helpers import apply_rope, causal_mask, interleaved_to_half
+from helpers.hf import hf_permute_for_rope, llama_causal_mask, mha_from_llama
 
-from helpers import apply_rope, causal_mask, interleaved_to_half  # noqa: E402
-from helpers.hf import hf_permute_for_rope, llama_causal_mask, mha_from_llama  # noqa: E402
+
+@pytest.fixture(scope="module", autouse=True)
+def _transformers():
+    """transformers is imported when this module's first test runs, not at collection: both workers
+    collect every file, and the import costs each of them about 2.5 s (issue 32)."""
+    global transformers, LlamaConfig, LlamaAttention, LlamaRotaryEmbedding, apply_rotary_pos_emb
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    transformers = pytest.importorskip("transformers")
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 
 def _config(heads=4, kv_heads=4, d=64, theta=10000.0):

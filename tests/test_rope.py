@@ -939,6 +939,27 @@ def test_seed_everything_makes_draws_repeatable():
     assert torch.get_num_threads() == 1 and torch.are_deterministic_algorithms_enabled()
 
 
+def test_seed_everything_sets_the_eager_flag_without_loading_the_compiler_config():
+    """seed_everything sets what torch.use_deterministic_algorithms sets for eager code, without its
+    first-call import of torch._inductor.config (0.9 s per process): checked in a fresh process, and
+    against torch's own function (both flags where the compiler's configuration is loaded)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch, helpers\n"
+            "for det in (True, False, True):\n"
+            "    helpers.seed_everything(0, deterministic=det)\n"
+            "    print(torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())\n"
+            "print('torch._inductor.config' in sys.modules)\n"
+            "import torch._inductor.config as c\n"
+            "helpers.seed_everything(0, deterministic=False)\n"
+            "print(torch.are_deterministic_algorithms_enabled(), c.deterministic)\n"
+            "helpers.seed_everything(0)\n"
+            "print(torch.are_deterministic_algorithms_enabled(), c.deterministic)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert out.split("\n")[:6] == ["True False", "False False", "True False", "False", "False False", "True True"], out
+
+
 @pytest.mark.parametrize("kwargs, match", [({"seed": -1}, "seed must be a non-negative int, got -1"),
                                            ({"seed": 0, "num_threads": 0}, "num_threads must be an int >= 1, got 0")])
 def test_seed_everything_errors(kwargs, match):

@@ -20,10 +20,15 @@ import torch
 
 from helpers import apply_rope, rope_frequencies
 
-transformers = pytest.importorskip("transformers")
-from transformers import GPTNeoXConfig, LlamaConfig  # noqa: E402
-from transformers.models.gpt_neox import modeling_gpt_neox  # noqa: E402
-from transformers.models.llama import modeling_llama  # noqa: E402
+
+@pytest.fixture(scope="module", autouse=True)
+def _transformers():
+    """transformers is imported when this module's first test runs, not at collection (see test_huggingface.py)."""
+    global transformers, GPTNeoXConfig, LlamaConfig, modeling_gpt_neox, modeling_llama
+    transformers = pytest.importorskip("transformers")
+    from transformers import GPTNeoXConfig, LlamaConfig
+    from transformers.models.gpt_neox import modeling_gpt_neox
+    from transformers.models.llama import modeling_llama
 
 
 def squash(src: str) -> str:

@@ -285,37 +285,30 @@ def _run(code: str, **env) -> subprocess.CompletedProcess:
                           env={**os.environ, "PYTHONPATH": str(ROOT), **env})
 
 
-def test_without_a_working_compiler_the_kernel_says_why(tmp_path):
-    code = """
-import torch
-from helpers.lab import rope_kernel as K
-from helpers import apply_rope
-x = torch.randn(2, 3, 7, 16).bfloat16()
-apply_rope(x)                      # the default path needs no compiler
-print(K.status(torch.bfloat16))
-try:
-    K.fused_apply_rope(x)
-except K.KernelUnavailable as err:
-    print("refused:", err)
-"""
-    broken = _run(code, CC="false", XDG_CACHE_HOME=str(tmp_path))  # `false` exists and fails: the compile step fails
-    assert broken.returncode == 0, broken.stderr
-    lines = broken.stdout.strip().splitlines()
-    assert lines[0].startswith("not available: compiling the kernel with"), broken.stdout
-    assert lines[1].startswith("refused: compiling the kernel with"), broken.stdout
+def test_without_a_working_compiler_the_kernel_says_why(tmp_path, monkeypatch):
+    """In this process with the module's loaded libraries forgotten (as in a process that never loaded
+    one) and the real ``cache_folder()`` under ``$XDG_CACHE_HOME``."""
+    monkeypatch.setenv("CC", "false")  # `false` exists and fails: the compile step fails
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(K, "_built", {})
+    x = torch.randn(2, 3, 7, 16).bfloat16()
+    apply_rope(x)                      # the default path needs no compiler
+    text = K.status(torch.bfloat16)
+    assert text.startswith("not available: compiling the kernel with"), text
+    with pytest.raises(K.KernelUnavailable) as refused:
+        K.fused_apply_rope(x)
+    assert str(refused.value).startswith("compiling the kernel with"), str(refused.value)
     assert [p.name for p in (tmp_path / "attention-notebooks").iterdir()] == []  # nothing left behind
 
 
-def test_on_windows_it_is_refused_with_a_reason(tmp_path):
-    code = """
-import sys, torch
-from helpers.lab import rope_kernel as K
-sys.platform = "win32"
-print(K.status(torch.bfloat16))
-"""
-    res = _run(code, XDG_CACHE_HOME=str(tmp_path))
-    assert res.returncode == 0, res.stderr
-    assert res.stdout.strip().startswith("not available: not on Windows"), res.stdout
+def test_on_windows_it_is_refused_with_a_reason(tmp_path, monkeypatch):
+    """In this process, as above; ``sys.platform`` reads "win32" only while ``status()`` runs."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(K, "_built", {})
+    with monkeypatch.context() as m:
+        m.setattr(sys, "platform", "win32")
+        text = K.status(torch.bfloat16)
+    assert text.startswith("not available: not on Windows"), text
     assert not (tmp_path / "attention-notebooks").exists()  # no folder made, none to leak
 
 
@@ -345,14 +338,10 @@ print([float(v) for v in sweep(fn, seeds=[0, 1, 2], workers=2).values()])
 
 
 # ------------------------------------------------------------------ threads
-@needs_kernel
-@pytest.mark.skipif(K._torch_libgomp() is None, reason="PyTorch here does not run on GNU OpenMP loaded as libgomp.so.1")
-def test_kernel_runs_on_pytorchs_own_openmp_pool():
-    """With GCC and PyTorch on libgomp.so.1 the kernel is built with -fopenmp and binds to the runtime
-    torch already loaded: in a fresh process no OpenMP runtime appears when the kernel is loaded,
-    torch.set_num_threads(k) changes the thread count the kernel's own runtime reports (it would not
-    for a second runtime), and loading it never calls torch.set_num_threads (review finding 17)."""
-    code = """
+# One fresh process for two facts about loading the builds: the pool build binds to PyTorch's OpenMP
+# runtime (test_kernel_runs_on_pytorchs_own_openmp_pool's lines), then the own-threads build loads as
+# a second library (test_both_builds_in_one_process_are_two_libraries' line, the last one).
+_FRESH_PROCESS_BUILDS = """
 import subprocess, torch
 from pathlib import Path
 def runtimes():
@@ -379,8 +368,25 @@ if lib.uses_openmp():
         torch.set_num_threads(k)
         seen.append(lib.runtime_max_threads())
     print("runtime threads follow torch:", seen)
+pool, own = K._library()[0], K._library(own_threads=True)[0]  # the pool build, then the own-threads build
+print("two builds:", pool.uses_openmp(), own.uses_openmp(), pool._handle != own._handle)
 """
-    res = _run(code)
+
+
+@pytest.fixture(scope="module")
+def fresh_process_builds() -> subprocess.CompletedProcess:
+    """``_FRESH_PROCESS_BUILDS`` run once, in a fresh process; the two tests below read its output."""
+    return _run(_FRESH_PROCESS_BUILDS)
+
+
+@needs_kernel
+@pytest.mark.skipif(K._torch_libgomp() is None, reason="PyTorch here does not run on GNU OpenMP loaded as libgomp.so.1")
+def test_kernel_runs_on_pytorchs_own_openmp_pool(fresh_process_builds):
+    """With GCC and PyTorch on libgomp.so.1 the kernel is built with -fopenmp and binds to the runtime
+    torch already loaded: in a fresh process no OpenMP runtime appears when the kernel is loaded,
+    torch.set_num_threads(k) changes the thread count the kernel's own runtime reports (it would not
+    for a second runtime), and loading it never calls torch.set_num_threads (review finding 17)."""
+    res = fresh_process_builds
     assert res.returncode == 0, res.stderr
     lines = res.stdout.strip().splitlines()
     assert "runtimes unchanged: True 1" in lines and "threads still: 2" in lines, res.stdout
@@ -390,66 +396,47 @@ if lib.uses_openmp():
 
 
 @needs_kernel
-def test_a_second_runtime_is_refused():
+def test_a_second_runtime_is_refused(monkeypatch):
     """If the -fopenmp build's runtime is not PyTorch's (a second OpenMP runtime), the kernel is built
-    without OpenMP instead, and status() says why."""
-    code = """
-import torch
-from helpers.lab import rope_kernel as K
-from helpers.rope import apply_rope
-K._shares_torch_runtime = lambda lib: False
-x = torch.randn(1, 8, 256, 128).bfloat16()
-torch.set_num_threads(2)
-assert torch.equal(K.fused_apply_rope(x), apply_rope(x))
-print(K.status(torch.bfloat16))
-print("library in use has OpenMP:", K._library()[0].uses_openmp())
-"""
-    res = _run(code)
-    assert res.returncode == 0, res.stderr
-    if K._torch_libgomp() and "OpenMP" in K.status(torch.bfloat16):
-        assert "parallel on threads of its own (the -fopenmp build did not share PyTorch's OpenMP runtime)" in res.stdout
-        assert "library in use has OpenMP: 0" in res.stdout, res.stdout  # the status describes the library in use
+    without OpenMP instead, and status() says why. In this process, with the module's loaded libraries
+    forgotten (as in a process that never loaded one)."""
+    here = K.status(torch.bfloat16)  # what this machine's real loader chose
+    monkeypatch.setattr(K, "_built", {})
+    monkeypatch.setattr(K, "_shares_torch_runtime", lambda lib: False)
+    x = torch.randn(1, 8, 256, 128).bfloat16()
+    assert torch.equal(at_threads(2, K.fused_apply_rope, x), apply_rope(x))
+    text = K.status(torch.bfloat16)
+    if K._torch_libgomp() and "OpenMP" in here:
+        assert "parallel on threads of its own (the -fopenmp build did not share PyTorch's OpenMP runtime)" in text, text
+        assert K._library()[0].uses_openmp() == 0  # the status describes the library in use
 
 
 @needs_kernel
-def test_both_builds_in_one_process_are_two_libraries():
-    """The pool build, then the own-threads build, in one process: two libraries, each the one it says it
-    is (a descriptor number reused for the second load would hand back the first library)."""
-    code = """
-import torch
-from helpers.lab import rope_kernel as K
-pool, own = K._library()[0], K._library(own_threads=True)[0]
-print(pool.uses_openmp(), own.uses_openmp(), pool._handle != own._handle)
-"""
+def test_both_builds_in_one_process_are_two_libraries(fresh_process_builds):
+    """The pool build, then the own-threads build, in one fresh process: two libraries, each the one it says
+    it is (a descriptor number reused for the second load would hand back the first library)."""
     here = K.status(torch.bfloat16)
     if "available for" not in here:
         pytest.skip(f"the kernel cannot be built here: {here}")
-    res = _run(code)
+    res = fresh_process_builds
     assert res.returncode == 0, res.stderr
     # without the OpenMP build both calls compile the same flags into the same file: one library serves both
     expected = "1 0 True" if "OpenMP (PyTorch's runtime)" in here else "0 0 False"
-    assert res.stdout.strip().splitlines()[-1] == expected, res.stdout
+    assert res.stdout.strip().splitlines()[-1] == f"two builds: {expected}", res.stdout
 
 
-def test_kernel_with_threads_of_its_own():
+def test_kernel_with_threads_of_its_own(monkeypatch):
     """Where the OpenMP build does not apply (clang, PyTorch on another runtime, not Linux) the kernel
-    starts threads of its own: the same bits with one and with two threads."""
-    code = """
-import torch
-from helpers.lab import rope_kernel as K
-K._torch_libgomp = lambda: None
-from helpers.rope import apply_rope
-torch.manual_seed(0)
-x = torch.randn(1, 8, 256, 128).bfloat16()
-print(K.status(torch.bfloat16))
-if "available for" in K.status(torch.bfloat16):
-    torch.set_num_threads(1); one = K.fused_apply_rope(x)
-    torch.set_num_threads(2); two = K.fused_apply_rope(x)
-    assert torch.equal(one, two) and torch.equal(one, apply_rope(x))
-"""
-    res = _run(code)
-    assert res.returncode == 0, res.stderr
-    status = res.stdout.strip()
+    starts threads of its own: the same bits with one and with two threads. In this process, with the
+    module's loaded libraries forgotten."""
+    monkeypatch.setattr(K, "_built", {})
+    monkeypatch.setattr(K, "_torch_libgomp", lambda: None)
+    x = torch.randn(1, 8, 256, 128, generator=torch.Generator().manual_seed(0)).bfloat16()
+    status = K.status(torch.bfloat16)
+    if "available for" in status:
+        one = at_threads(1, K.fused_apply_rope, x)
+        two = at_threads(2, K.fused_apply_rope, x)
+        assert torch.equal(one, two) and torch.equal(one, apply_rope(x))
     assert "parallel on threads of its own" in status or status.startswith("not available:"), status
 
 
@@ -463,11 +450,10 @@ def cache(tmp_path, monkeypatch):
     return folder
 
 
-def test_the_cache_is_a_per_user_folder(tmp_path):
+def test_the_cache_is_a_per_user_folder(tmp_path, monkeypatch):
     """By default under the user's cache directory (XDG_CACHE_HOME here), not in a shared temp folder."""
-    res = _run("from helpers.lab import rope_kernel as K; print(K.cache_folder())", XDG_CACHE_HOME=str(tmp_path))
-    assert res.returncode == 0, res.stderr
-    assert Path(res.stdout.strip()) == tmp_path / "attention-notebooks"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # read by platformdirs on each call
+    assert K.cache_folder() == tmp_path / "attention-notebooks"
 
 
 @needs_kernel
@@ -492,16 +478,42 @@ def test_a_cache_folder_others_can_write_is_refused(cache, tmp_path, problem):
     assert "not available: refusing the cache folder" in K.status(torch.bfloat16)
 
 
-def _plant_library(cache: Path) -> Path:
-    """A real library (the kernel, built into ``cache``) whose file the test then tampers with."""
+def _build_library(cache: Path) -> Path:
+    """The library ``K._library()`` builds into ``cache`` (the first, if it builds two)."""
     K._library()
     return sorted(p for p in cache.iterdir() if p.suffix == ".so")[0]
 
 
+@pytest.fixture(scope="module")
+def prebuilt(tmp_path_factory) -> tuple[list, list]:
+    """The kernel built once for the tests that tamper with a library: ``(what K._library() builds into an
+    empty cache folder, what K._library(own_threads=True) adds)``, in a folder of this module's. Tests
+    about building itself (the rename, the umask, a failed build, a second process) build their own."""
+    folder = tmp_path_factory.mktemp("built") / "attention-notebooks"
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(K, "cache_folder", lambda: folder)
+        m.setattr(K, "_built", {})
+        K._library()
+        pool = sorted(p for p in folder.iterdir() if p.suffix == ".so")
+        K._library(own_threads=True)
+    return pool, sorted(p for p in folder.iterdir() if p.suffix == ".so" and p not in pool)
+
+
+def _plant_library(cache: Path, prebuilt: tuple[list, list]) -> Path:
+    """A real library, the one ``_build_library(cache)`` would return, copied into ``cache`` from the
+    ``prebuilt`` folder; the test then tampers with its file. The own-threads build is copied too, so a
+    refused pool build falls back to a library already in the cache instead of compiling it."""
+    pool, extra = prebuilt
+    K._private_folder()  # creates ``cache`` (mode 0o700, checked), as a build does
+    for so in pool + extra:
+        shutil.copy2(so, cache / so.name)  # the bytes and the mode (0o700); the owner is this user
+    return cache / pool[0].name
+
+
 @needs_kernel
 @pytest.mark.parametrize("mode", [0o775, 0o757, 0o666])
-def test_a_library_others_can_write_is_refused_and_named(cache, mode):
-    so = _plant_library(cache)
+def test_a_library_others_can_write_is_refused_and_named(cache, prebuilt, mode):
+    so = _plant_library(cache, prebuilt)
     os.chmod(so, mode)
     with pytest.raises(K.KernelUnavailable, match=f"refusing the library {so}: owner uid .*, mode {mode:#o}"):
         K._open_checked(so)
@@ -510,8 +522,8 @@ def test_a_library_others_can_write_is_refused_and_named(cache, mode):
 
 
 @needs_kernel
-def test_a_library_of_another_user_is_refused_and_named(cache, monkeypatch):
-    so = _plant_library(cache)
+def test_a_library_of_another_user_is_refused_and_named(cache, prebuilt, monkeypatch):
+    so = _plant_library(cache, prebuilt)
     if os.getuid() == 0:  # root can give the file away: a real other owner
         os.chown(so, 12345, -1)
     else:  # otherwise this process pretends to be another user (the folder check is not reached)
@@ -522,8 +534,8 @@ def test_a_library_of_another_user_is_refused_and_named(cache, monkeypatch):
 
 
 @needs_kernel
-def test_a_symbolic_link_in_place_of_the_library_is_refused(cache):
-    so = _plant_library(cache)
+def test_a_symbolic_link_in_place_of_the_library_is_refused(cache, prebuilt):
+    so = _plant_library(cache, prebuilt)
     real = so.with_name("real.so")
     so.rename(real)
     so.symlink_to(real)
@@ -565,7 +577,7 @@ def test_a_library_built_under_a_permissive_umask_is_private(cache, monkeypatch,
     monkeypatch.setenv("CC", str(cc))
     old = os.umask(0o002)
     try:
-        so = _plant_library(cache)
+        so = _build_library(cache)
     finally:
         os.umask(old)
     assert stat.S_IMODE(os.stat(so).st_mode) & 0o022 == 0
@@ -583,10 +595,10 @@ def _mapping_inode(address: int) -> int:
 
 @needs_kernel
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="loading through the open file is Linux's /proc/self/fd")
-def test_the_file_checked_is_the_file_loaded(cache, monkeypatch):
+def test_the_file_checked_is_the_file_loaded(cache, prebuilt, monkeypatch):
     """A file put in the library's place after the owner/mode check is not what gets loaded: the mapped
     code is the checked open file's inode (loading by path would map the file swapped in)."""
-    built = _plant_library(cache)
+    built = _plant_library(cache, prebuilt)
     fresh, swapped = built.with_name("fresh.so"), built.with_name("swapped.so")
     shutil.copy(built, fresh)  # the same bytes under a name never loaded, and another inode to swap in
     shutil.copy(built, swapped)
@@ -612,19 +624,24 @@ def test_a_failed_build_leaves_nothing_behind(cache, monkeypatch):
 
 
 @needs_kernel
-def test_a_second_process_reuses_the_cached_library(tmp_path):
-    """No rebuild per process: a second process with the same cache runs the compiler only for ``--version``."""
+def test_a_second_process_reuses_the_cached_library(tmp_path, monkeypatch):
+    """No rebuild per process: a second process with the same cache runs the compiler only for ``--version``.
+    The first process is this one, with the module's loaded libraries forgotten (as in a process that
+    never loaded one) and the real ``cache_folder()`` under ``$XDG_CACHE_HOME``."""
     log = tmp_path / "cc.log"
     cc = tmp_path / "cc-logged"
     cc.write_text(f'#!/bin/sh\necho "$@" >> {log}\nexec {K._compiler()[0]} "$@"\n')
     cc.chmod(0o755)
     code = "import torch; from helpers.lab import rope_kernel as K; print(K.status(torch.bfloat16))"
     env = {"CC": str(cc), "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    first = _run(code, **env)
-    assert first.returncode == 0 and "available for" in first.stdout, first.stdout + first.stderr
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(K, "_built", {})
+    first = K.status(torch.bfloat16)
+    assert "available for" in first, first
     compiles = [line for line in log.read_text().splitlines() if "--version" not in line]
     assert compiles, "the first process compiled nothing"
     log.write_text("")
     second = _run(code, **env)
-    assert second.returncode == 0 and second.stdout == first.stdout, second.stdout + second.stderr
+    assert second.returncode == 0 and second.stdout == first + "\n", second.stdout + second.stderr
     assert [line for line in log.read_text().splitlines() if "--version" not in line] == []

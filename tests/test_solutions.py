@@ -15,15 +15,17 @@ Solutions are folded where every renderer folds them: one markdown cell per solu
 Markdown is never executed, so this file does what nbval cannot: it extracts the ```python blocks of
 every ``<details>`` whose ``<summary>`` starts with ``<b>Solution`` and runs them.
 
-How each solution runs: in a separate Python process per notebook (the setup cells seed torch, fix
-its thread count and switch on deterministic algorithms; none of that leaks into the other tests of
-this worker), with the working directory ``notebooks/`` (as in a kernel started there) and the
-matplotlib backend Agg. For each solution, a fresh namespace gets IPython's ``display`` (a builtin
-in a kernel) and then the notebook's first code cell (its setup cell; its imports are cached after
-the first solution, so this costs milliseconds) and then the solution's python block(s) in order,
-in that same namespace. Nothing else of the notebook runs, so a solution must rebuild the small
-tensors and modules it needs. Figures are closed after each solution. A solution that calls a
-``helpers`` checker asserts that the checker passed, so a failing checker fails here.
+How each solution runs: in one Python process for all the notebooks of a test run, apart from the
+tests' own (the setup cells seed torch, fix its thread count and switch on deterministic algorithms;
+none of that leaks into the other tests of this worker). Before each notebook's solutions it moves to
+the notebook's folder (as a kernel started there) and puts back what a new kernel would have: the
+environment, the warning filters, torch's default dtype and grad mode, matplotlib's rcParams (backend
+Agg). For each solution, a fresh namespace gets IPython's ``display`` (a builtin in a kernel) and then
+the notebook's first code cell (its setup cell; its imports are cached after the first notebook, so
+this costs milliseconds) and then the solution's python block(s) in order, in that same namespace.
+Nothing else of the notebook runs, so a solution must rebuild the small tensors and modules it needs.
+Figures are closed after each solution. A solution that calls a ``helpers`` checker asserts that the
+checker passed, so a failing checker fails here.
 
 What each solution prints is shown inside its fold, right after its code, as a ```text block under
 the line ``<!-- solution output -->`` (a reader on GitHub sees the result without a kernel). That
@@ -61,7 +63,7 @@ from pristine import pristine  # noqa: E402  (tools/pristine.py: the committed c
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = ROOT / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb")) + sorted((NOTEBOOK_DIR / "appendix").glob("[0-9][0-9]*_*.ipynb"))
-RUN_TIMEOUT_S = 600  # for all the solutions of one notebook; each is meant to take < 3 s
+RUN_TIMEOUT_S = 600  # for all the solutions of a run together; each is meant to take < 3 s
 
 
 # --------------------------------------------------------------------------------------------------
@@ -237,10 +239,10 @@ def hidden_code_cells(nb: dict) -> list[int]:
 
 
 # --------------------------------------------------------------------------------------------------
-# Running (one child process per notebook)
+# Running (one child process for all the notebooks of a run)
 
 _RUNNER = textwrap.dedent(r'''
-    import io, json, linecache, os, sys, time, traceback, contextlib
+    import io, json, linecache, os, sys, time, traceback, contextlib, warnings
     payload_path, result_path = sys.argv[1], sys.argv[2]
     payload = json.load(open(payload_path, encoding="utf-8"))
     try:
@@ -248,6 +250,7 @@ _RUNNER = textwrap.dedent(r'''
     except ImportError:
         display = print
     results = {}
+    environ, warning_filters = dict(os.environ), list(warnings.filters)
 
     def _compile(src, name):
         linecache.cache[name] = (len(src), None, src.splitlines(True), name)  # source lines in tracebacks
@@ -258,59 +261,98 @@ _RUNNER = textwrap.dedent(r'''
             json.dump(results, f)
         os.replace(result_path + ".tmp", result_path)
 
-    for sol in payload["solutions"]:
-        ns = {"__name__": "__main__", "display": display}
-        out = io.StringIO()
-        stage, t0 = "the setup cell (the notebook's first code cell)", time.perf_counter()
-        try:
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-                exec(_compile(payload["setup"], "<setup cell>"), ns)
-                for k, code in enumerate(sol["blocks"]):
-                    stage = f"code block {k + 1} of the solution"
-                    exec(_compile(code, f"<solution {sol['key']}, block {k + 1}>"), ns)
-            res = {"ok": True}
-        except KeyboardInterrupt:
-            raise
-        except BaseException:
-            err = sys.exc_info()
-            res = {"ok": False, "stage": stage,  # the traceback from the notebook's code on, without this runner's frame
-                   "traceback": "".join(traceback.format_exception(err[0], err[1], err[2].tb_next))}
-        finally:
-            if "matplotlib.pyplot" in sys.modules:
-                sys.modules["matplotlib.pyplot"].close("all")
-        res["seconds"] = round(time.perf_counter() - t0, 2)
-        res["output_tail"] = out.getvalue()[-2000:]
-        res["output"] = out.getvalue()
-        results[sol["key"]] = res
-        _save()
+    def _fresh_process_state(cwd):
+        """What one notebook's solutions may change in the process, put back before the next notebook's: its
+        kernel would start in its own folder with the environment, warnings and torch defaults of a new process."""
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(environ)
+        warnings.filters[:] = warning_filters
+        warnings._filters_mutated()  # a warning shown once in an earlier notebook is shown again
+        if "torch" in sys.modules:
+            torch = sys.modules["torch"]
+            torch.set_default_dtype(torch.float32)
+            torch.set_grad_enabled(True)
+        if "matplotlib" in sys.modules:
+            sys.modules["matplotlib"].rcdefaults()
+
+    for group in payload["groups"]:
+        _fresh_process_state(group["cwd"])
+        res_group = results.setdefault(group["name"], {})
+        for sol in group["solutions"]:
+            ns = {"__name__": "__main__", "display": display}
+            out = io.StringIO()
+            stage, t0 = "the setup cell (the notebook's first code cell)", time.perf_counter()
+            try:
+                with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+                    exec(_compile(group["setup"], "<setup cell>"), ns)
+                    for k, code in enumerate(sol["blocks"]):
+                        stage = f"code block {k + 1} of the solution"
+                        exec(_compile(code, f"<solution {sol['key']}, block {k + 1}>"), ns)
+                res = {"ok": True}
+            except KeyboardInterrupt:
+                raise
+            except BaseException:
+                err = sys.exc_info()
+                res = {"ok": False, "stage": stage,  # the traceback from the notebook's code on, without this runner's frame
+                       "traceback": "".join(traceback.format_exception(err[0], err[1], err[2].tb_next))}
+            finally:
+                if "matplotlib.pyplot" in sys.modules:
+                    sys.modules["matplotlib.pyplot"].close("all")
+            res["seconds"] = round(time.perf_counter() - t0, 2)
+            res["output_tail"] = out.getvalue()[-2000:]
+            res["output"] = out.getvalue()
+            res_group[sol["key"]] = res
+            _save()
     _save()
 ''')
 
 
-def run_solutions(setup: str, solutions: list[Solution], cwd: Path, timeout: float = RUN_TIMEOUT_S) -> dict:
-    """Run ``solutions`` (each after ``setup``, in a fresh namespace) in one child process with
-    working directory ``cwd`` and matplotlib backend Agg. Returns ``{key: result}``: ``ok``,
-    ``seconds``, ``output_tail`` and, on failure, ``stage`` and ``traceback``. A solution the
-    child never reached (it crashed or ran out of time) gets ``ok=False`` and the reason."""
-    todo = [{"key": s.key, "blocks": s.blocks} for s in solutions if s.blocks]
-    if not todo:
-        return {}
-    with tempfile.TemporaryDirectory(prefix="solutions-") as tmp:
-        payload, result = Path(tmp) / "payload.json", Path(tmp) / "result.json"
-        payload.write_text(json.dumps({"setup": setup, "solutions": todo}), encoding="utf-8")
-        env = dict(os.environ, MPLBACKEND="Agg", PYTHONPATH=os.pathsep.join(
-            [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-        try:
-            proc = subprocess.run([sys.executable, "-c", _RUNNER, str(payload), str(result)], cwd=cwd, env=env,
-                                  capture_output=True, text=True, timeout=timeout)
-            why = f"the child process exited with code {proc.returncode}: {proc.stderr[-2000:]}"
-        except subprocess.TimeoutExpired:
-            why = f"the solutions of this notebook took more than {timeout:.0f} s together"
-        results = json.loads(result.read_text(encoding="utf-8")) if result.exists() else {}
-    for s in todo:
-        results.setdefault(s["key"], {"ok": False, "stage": "(not reached)", "traceback": why,
+@dataclass
+class Group:
+    """The solutions of one notebook, as the runner takes them: run after ``setup``, in ``cwd``."""
+
+    name: str
+    setup: str
+    solutions: list[Solution]
+    cwd: Path
+
+
+def run_groups(groups: list[Group], timeout: float = RUN_TIMEOUT_S) -> dict:
+    """Run every group's solutions in one child process with matplotlib backend Agg: each solution after
+    its group's ``setup``, in a fresh namespace, with working directory the group's ``cwd``. Before each
+    group, the child puts back its environment, warning filters, torch's default dtype and grad mode and
+    matplotlib's rcParams, as a new kernel would have them (imported modules stay: that is the saving,
+    one interpreter and one ``import torch`` for all the notebooks). Returns ``{group name: {key: result}}``:
+    ``ok``, ``seconds``, ``output_tail`` and, on failure, ``stage`` and ``traceback``. A solution the child
+    never reached (it crashed or ran out of time) gets ``ok=False`` and the reason."""
+    todo = [{"name": g.name, "setup": g.setup, "cwd": str(g.cwd),
+             "solutions": [{"key": s.key, "blocks": s.blocks} for s in g.solutions if s.blocks]} for g in groups]
+    results: dict = {}
+    if any(g["solutions"] for g in todo):
+        with tempfile.TemporaryDirectory(prefix="solutions-") as tmp:
+            payload, result = Path(tmp) / "payload.json", Path(tmp) / "result.json"
+            payload.write_text(json.dumps({"groups": todo}), encoding="utf-8")
+            env = dict(os.environ, MPLBACKEND="Agg", PYTHONPATH=os.pathsep.join(
+                [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+            try:
+                proc = subprocess.run([sys.executable, "-c", _RUNNER, str(payload), str(result)], cwd=ROOT, env=env,
+                                      capture_output=True, text=True, timeout=timeout)
+                why = f"the child process exited with code {proc.returncode}: {proc.stderr[-2000:]}"
+            except subprocess.TimeoutExpired:
+                why = f"the solutions run took more than {timeout:.0f} s together"
+            results = json.loads(result.read_text(encoding="utf-8")) if result.exists() else {}
+    for g in todo:
+        got = results.setdefault(g["name"], {})
+        for s in g["solutions"]:
+            got.setdefault(s["key"], {"ok": False, "stage": "(not reached)", "traceback": why,
                                       "seconds": None, "output_tail": "", "output": ""})
     return results
+
+
+def run_solutions(setup: str, solutions: list[Solution], cwd: Path, timeout: float = RUN_TIMEOUT_S) -> dict:
+    """Run ``solutions`` of one notebook (see :func:`run_groups`). Returns ``{key: result}``."""
+    return run_groups([Group("", setup, solutions, cwd)], timeout)[""]
 
 
 def _load(path: Path, committed: bool = True) -> dict:
@@ -322,19 +364,29 @@ def _load(path: Path, committed: bool = True) -> dict:
 _CASES = [(p, s) for p in NOTEBOOKS for s in extract_solutions(_load(p))]
 
 
+def _setup_only() -> Solution:
+    return Solution(label="setup", cell=-1, blocks=["pass\n"], key=_SETUP_KEY)
+
+
 @pytest.fixture(scope="module")
-def solution_results():
-    """``solution_results(path)``: the results of every solution of one notebook, run once per module."""
+def solution_results(request):
+    """``solution_results(path)``: the results of every solution of one notebook. On the first call, the
+    solutions of every notebook this session runs ``test_solution_runs`` for are run, in one child process."""
     cache: dict[Path, dict] = {}
 
     def get(path: Path) -> dict:
         if path not in cache:
-            nb = _load(path)
-            # The setup cell alone first, in the same child: what it prints is cut from every solution's output
-            # (setup_free), without a second process for it.
-            setup_only = Solution(label="setup", cell=-1, blocks=["pass\n"], key=_SETUP_KEY)
-            cache[path] = run_solutions(setup_source(nb), [setup_only] + extract_solutions(nb), cwd=path.parent)
-            _SETUP_OUTPUT[path] = cache[path].pop(_SETUP_KEY).get("output", "")
+            selected = {item.callspec.params["path"] for item in request.session.items
+                        if getattr(item, "originalname", None) == "test_solution_runs"} | {path}
+            groups = []
+            for nb_path in [p for p in NOTEBOOKS if p in selected]:
+                nb = _load(nb_path)
+                # The setup cell alone first: what it prints is cut from every solution's output (setup_free).
+                groups.append(Group(str(nb_path), setup_source(nb), [_setup_only()] + extract_solutions(nb),
+                                    nb_path.parent))
+            for name, res in run_groups(groups).items():
+                cache[Path(name)] = res
+                _SETUP_OUTPUT[Path(name)] = res.pop(_SETUP_KEY, {}).get("output", "")
         return cache[path]
 
     return get

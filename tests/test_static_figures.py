@@ -5,8 +5,11 @@ and a stable text line (``helpers.viz.explorer``). Notebooks are regenerated wit
 ``--ExecutePreprocessor.store_widget_state=False`` (``tools/notebook_check.py``), so no explorer's model is in
 the saved widget state and static front ends fall back to the PNG. Here:
 
-* every committed notebook is exported with nbconvert's ``HTMLExporter`` (in-process, no
-  execution) and each explorer cell must show its PNG as an ``<img>``, not a widget placeholder;
+* every committed notebook's explorer cells are exported with nbconvert's ``HTMLExporter`` (in-process,
+  no execution), with the notebook's metadata (its saved widget state), and each must show its PNG as an
+  ``<img>``, not a widget placeholder. The exporter renders a cell from the cell and the notebook's
+  metadata only, so these cells come out as in the whole notebook's export (checked on one notebook);
+  exporting only them skips the prose and code cells, most of the export's time;
 * ``metadata.widgets``, when present, keeps its ``state`` key (GitHub refuses the notebook otherwise);
 * the bundle itself, and the whole pipeline on a tiny notebook executed by nbclient (the same
   executor as ``jupyter nbconvert --execute``): with the widget state saved, the export shows no
@@ -15,6 +18,7 @@ the saved widget state and static front ends fall back to the PNG. Here:
 from __future__ import annotations
 
 import base64
+import copy
 import io
 import json
 import re
@@ -46,6 +50,18 @@ def _html(path_or_nb) -> str:
     if isinstance(path_or_nb, Path):
         return exporter.from_filename(str(path_or_nb))[0]
     return exporter.from_notebook_node(path_or_nb)[0]
+
+
+def _html_of_cells(nb, cells, path: Path) -> str:
+    """The HTML export of ``cells`` alone, with ``nb``'s metadata (its saved widget state decides whether an
+    output renders as a widget view) and the resources ``from_filename`` passes for ``path``."""
+    from nbconvert import HTMLExporter
+
+    keep = {id(cell) for cell in cells}
+    part = nbformat.from_dict({**nb, "metadata": copy.deepcopy(nb.metadata),
+                               "cells": [copy.deepcopy(cell) for cell in nb.cells if id(cell) in keep]})
+    resources = {"metadata": {"name": path.stem, "path": str(path.parent)}}
+    return HTMLExporter().from_notebook_node(part, resources=resources)[0]
 
 
 def _pictures_in_cell(html: str, cell):
@@ -89,7 +105,8 @@ def test_html_export_shows_every_explorer_as_a_picture(path: Path):
     assert explorers or path.parent.name == "appendix" or path.stem == "00_daily_practice", (
         f"{path.name}: no explorer output (every notebook has an Explore section); "
         f"was it committed unexecuted? Regenerate with: {nt.REGENERATE}")
-    html = _html(pristine(path))
+    cells = [cell for cell, _ in explorers]
+    html = _html_of_cells(nb, cells, pristine(path)) if cells else ""
     for cell, out in explorers:
         where = f"{path.name}, cell {cell.id} ({cell.source.splitlines()[-1]!r})"
         png = out["data"].get("image/png")
@@ -106,6 +123,41 @@ def test_html_export_shows_every_explorer_as_a_picture(path: Path):
         assert width >= 200 and height >= 100, f"{where}: the picture is {width}x{height} px"
         assert out["data"]["text/plain"].startswith("Explorer: "), f"{where}: {out['data']['text/plain'][:80]!r}"
     assert nt.problems(nb) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_whole_notebook_exports_to_html_with_every_explorer_as_a_picture(path: Path):
+    """The full check's form of the test above: the whole notebook, prose and code cells too, through
+    ``jupyter nbconvert --to html``'s exporter (a learner's export must not fail on any cell)."""
+    nb = nbformat.read(pristine(path), as_version=4)
+    html = _html(pristine(path))
+    code_cells = [cell for cell in nb.cells if cell.cell_type == "code"]
+    assert all(f'id="cell-id={cell.id}"' in html for cell in code_cells), f"{path.name}: a code cell is missing"
+    for cell, out in _explorer_outputs(nb):
+        imgs, placeholders = _pictures_in_cell(html, cell)
+        assert out["data"]["image/png"] in imgs and not placeholders, f"{path.name}, cell {cell.id}"
+
+
+def test_explorer_cells_export_as_in_the_whole_notebooks_export():
+    """What the test above rests on: an explorer cell exported alone (with the notebook's metadata) is the same
+    HTML as in the export of its whole notebook. Checked on the smallest notebook that has an explorer."""
+    for path in sorted(NOTEBOOKS, key=lambda p: pristine(p).stat().st_size):
+        nb = nbformat.read(pristine(path), as_version=4)
+        cells = [cell for cell, _ in _explorer_outputs(nb)]
+        if cells:
+            break
+    whole, alone = _html(pristine(path)), _html_of_cells(nb, cells, pristine(path))
+
+    def cell_html(html, cell):  # from this cell's <div> to the next cell's (the page's end for the last)
+        anchor = html.find(f'id="cell-id={cell.id}"')
+        following = html.find('id="cell-id=', anchor + 1)
+        end = html.rfind("<div", 0, following) if following >= 0 else html.find("</main>", anchor)
+        return html[html.rfind("<div", 0, anchor):end].strip()  # the whitespace before the next cell varies
+
+    for cell in cells:
+        assert whole.find(f'id="cell-id={cell.id}"') >= 0 and alone.find(f'id="cell-id={cell.id}"') >= 0
+        assert cell_html(alone, cell) == cell_html(whole, cell), f"{path.name}, cell {cell.id}"
 
 
 # ---------------------------------------------------------------- the bundle
@@ -162,20 +214,40 @@ TINY_CELLS = [
 ]
 
 
-def _execute(store_widget_state: bool):
-    """The two-cell notebook (an explorer, a plain slider) executed by nbclient, as `jupyter nbconvert --execute` does."""
+def _execute_without_and_with_saved_state():
+    """The two-cell notebook (an explorer, a plain slider) executed by nbclient, as `jupyter nbconvert --execute`
+    does, with ``store_widget_state=False`` (the regeneration command's flag) and then with nbclient's default.
+
+    The flag acts in the client: nbclient stores the widget messages it receives from the kernel, or not
+    (``NotebookClient.handle_comm_msg``). So the two runs share one kernel, started fresh for the first (the
+    flag's run); the second runs the same cells again in it (new widgets, new model ids). A kernel start with
+    ``helpers`` imported is about 2 s of the test's time."""
+    from jupyter_client.manager import AsyncKernelManager
+    from jupyter_core.utils import run_sync
     from nbclient import NotebookClient
 
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in TINY_CELLS]
-    NotebookClient(nb, timeout=120, kernel_name="python3", store_widget_state=store_widget_state,
-                   resources={"metadata": {"path": str(REPO)}}).execute()
-    return nb
+    km = AsyncKernelManager(kernel_name="python3")
+    clients, executed = [], []
+    try:
+        for store_widget_state in (False, True):
+            nb = nbformat.v4.new_notebook()
+            nb.cells = [nbformat.v4.new_code_cell(src) for src in TINY_CELLS]
+            clients.append(NotebookClient(nb, km=km, timeout=120, kernel_name="python3",
+                                          store_widget_state=store_widget_state,
+                                          resources={"metadata": {"path": str(REPO)}}))
+            executed.append(clients[-1].execute())
+    finally:
+        for client in clients:
+            if client.kc is not None:
+                client.kc.stop_channels()
+        if km.has_kernel:
+            run_sync(km.shutdown_kernel)(now=True)
+    return executed
 
 
 def test_executing_without_saved_widget_state_gives_a_picture(tmp_path):
+    done, raw = _execute_without_and_with_saved_state()
     # negative control: with the state saved (nbclient's default), the export shows the empty widget
-    raw = _execute(store_widget_state=True)
     (cell, out), (plain_cell, plain_out) = _explorer_outputs(raw)
     assert out.output_type == "display_data" and set(out.data) == {VIEW, "image/png", "text/plain"}
     assert out.data[VIEW]["model_id"] in raw.metadata.widgets[STATE]["state"]
@@ -185,13 +257,13 @@ def test_executing_without_saved_widget_state_gives_a_picture(tmp_path):
 
     # the regeneration command's flag: no state is saved, the export shows the explorer's PNG
     assert "--ExecutePreprocessor.store_widget_state=False" in nt.REGENERATE
-    done = _execute(store_widget_state=False)
     assert "widgets" not in done.metadata
     (cell, out), (plain_cell, plain_out) = _explorer_outputs(done)
-    imgs, placeholders = _pictures_in_cell(_html(done), cell)
+    html = _html(done)
+    imgs, placeholders = _pictures_in_cell(html, cell)
     assert imgs == [out.data["image/png"]] and placeholders == []
     # a widget without a picture is left with its text line only (no state to draw it from): the check names it
-    imgs, placeholders = _pictures_in_cell(_html(done), plain_cell)
+    imgs, placeholders = _pictures_in_cell(html, plain_cell)
     assert imgs == [] and placeholders == []
     assert nt.problems(done) == ["cell 1 (output 0): widget view without a static picture (image/png, image/jpeg, "
                                  "image/svg+xml); display explorers through helpers.viz.Explorer"]

@@ -10,7 +10,6 @@ import math
 
 import numpy as np
 import pytest
-import scipy.stats as st
 
 from helpers.lab.stats import (
     Censored,
@@ -21,6 +20,14 @@ from helpers.lab.stats import (
     proportion_interval,
     time_to_threshold,
 )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _scipy_stats():
+    """scipy.stats (the known answers) is imported when this module's first test runs, not at
+    collection: both workers collect every file, and the import costs each about 0.6 s (issue 32)."""
+    global st
+    import scipy.stats as st
 
 # --------------------------------------------------------------------------- counts
 
