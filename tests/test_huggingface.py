@@ -11,6 +11,8 @@ import os
 import pytest
 import torch
 
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # at collection, in every worker: no test reaches the hub
+
 from helpers import apply_rope, causal_mask, interleaved_to_half
 from helpers.hf import hf_permute_for_rope, llama_causal_mask, mha_from_llama
 
@@ -20,7 +22,6 @@ def _transformers():
     """transformers is imported when this module's first test runs, not at collection: both workers
     collect every file, and the import costs each of them about 2.5 s (issue 32)."""
     global transformers, LlamaConfig, LlamaAttention, LlamaRotaryEmbedding, apply_rotary_pos_emb
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     transformers = pytest.importorskip("transformers")
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding, apply_rotary_pos_emb

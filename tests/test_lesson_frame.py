@@ -101,6 +101,8 @@ def test_tool_finds_long_sentences_and_keeps_abbreviations(tmp_path):
     assert len(b.long_sentences) == 1
     assert "e.g. a case." in lb.sentences(short)[0]
     assert len(lb.sentences(short)) == 2
+    quoted = "「中文。」 (The English rendering, in brackets.) The next sentence."
+    assert lb.sentences(quoted)[-2:] == ["」 (The English rendering, in brackets.)", "The next sentence."]
     assert lb.budget_problems(b) == []
     p2 = _nb(tmp_path, [("markdown", "## 1. S\n\n" + "\n\n".join([long] * 6))], name="02_y.ipynb")
     assert any("sentences over 40" in x for x in lb.budget_problems(lb.measure(p2)))

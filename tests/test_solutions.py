@@ -19,7 +19,7 @@ How each solution runs: in one Python process for all the notebooks of a test ru
 tests' own (the setup cells seed torch, fix its thread count and switch on deterministic algorithms;
 none of that leaks into the other tests of this worker). Before each notebook's solutions it moves to
 the notebook's folder (as a kernel started there) and puts back what a new kernel would have: the
-environment, the warning filters, torch's default dtype and grad mode, matplotlib's rcParams (backend
+environment, no warning shown yet, torch's default dtype and grad mode, matplotlib's rcParams (backend
 Agg). For each solution, a fresh namespace gets IPython's ``display`` (a builtin in a kernel) and then
 the notebook's first code cell (its setup cell; its imports are cached after the first notebook, so
 this costs milliseconds) and then the solution's python block(s) in order, in that same namespace.
@@ -250,7 +250,7 @@ _RUNNER = textwrap.dedent(r'''
     except ImportError:
         display = print
     results = {}
-    environ, warning_filters = dict(os.environ), list(warnings.filters)
+    environ = dict(os.environ)
 
     def _compile(src, name):
         linecache.cache[name] = (len(src), None, src.splitlines(True), name)  # source lines in tracebacks
@@ -267,14 +267,16 @@ _RUNNER = textwrap.dedent(r'''
         os.chdir(cwd)
         os.environ.clear()
         os.environ.update(environ)
-        warnings.filters[:] = warning_filters
-        warnings._filters_mutated()  # a warning shown once in an earlier notebook is shown again
+        # a warning shown in an earlier notebook is shown again (the filters stay: modules add theirs when first
+        # imported, and are not imported again; no setup cell or solution sets one, test_no_solution_sets_warning_filters)
+        warnings.onceregistry.clear()
+        warnings._filters_mutated()  # empties every module's registry of warnings already shown
         if "torch" in sys.modules:
             torch = sys.modules["torch"]
             torch.set_default_dtype(torch.float32)
             torch.set_grad_enabled(True)
         if "matplotlib" in sys.modules:
-            sys.modules["matplotlib"].rcdefaults()
+            sys.modules["matplotlib"].rc_file_defaults()  # as a new process reads them (matplotlibrc included)
 
     for group in payload["groups"]:
         _fresh_process_state(group["cwd"])
@@ -321,8 +323,8 @@ class Group:
 def run_groups(groups: list[Group], timeout: float = RUN_TIMEOUT_S) -> dict:
     """Run every group's solutions in one child process with matplotlib backend Agg: each solution after
     its group's ``setup``, in a fresh namespace, with working directory the group's ``cwd``. Before each
-    group, the child puts back its environment, warning filters, torch's default dtype and grad mode and
-    matplotlib's rcParams, as a new kernel would have them (imported modules stay: that is the saving,
+    group, the child puts back its environment, the record of warnings already shown, torch's default dtype and
+    grad mode and matplotlib's rcParams, as a new kernel would have them (imported modules stay: that is the saving,
     one interpreter and one ``import torch`` for all the notebooks). Returns ``{group name: {key: result}}``:
     ``ok``, ``seconds``, ``output_tail`` and, on failure, ``stage`` and ``traceback``. A solution the child
     never reached (it crashed or ran out of time) gets ``ok=False`` and the reason."""
@@ -615,6 +617,51 @@ def test_runner_fails_a_raising_solution_and_isolates_namespaces(tmp_path: Path)
     msg = _failure("x.ipynb", sols[2], res["3"])
     assert "x.ipynb, solution to exercise 3" in msg and "code block 1" in msg
     assert not res["5"]["ok"] and "SystemExit" in res["5"]["traceback"] and "shown" in res["5"]["output_tail"]
+
+
+def _two_notebooks(tmp_path: Path, first: str, second: str) -> dict:
+    """``first`` as notebook a's solution, then ``second`` as notebook b's, in one child."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    sol = lambda code: extract_solutions(_nb(("markdown", _details("<b>Solution to exercise 1</b>", code))))  # noqa: E731
+    res = run_groups([Group("a", "", sol(first), tmp_path / "a"), Group("b", "", sol(second), tmp_path / "b")], timeout=120)
+    assert res["a"]["1"]["ok"], res["a"]["1"].get("traceback")
+    assert res["b"]["1"]["ok"], res["b"]["1"].get("traceback")
+    return res
+
+
+def test_runner_gives_each_notebook_a_fresh_process_state(tmp_path: Path):
+    """Two notebooks in one child: what the first changes (folder, environment, torch's default dtype and grad
+    mode, matplotlib's rcParams) is as in a new process for the second."""
+    pytest.importorskip("matplotlib")
+    _two_notebooks(tmp_path,
+                   "import os, torch, matplotlib\nos.environ['LEAK'] = '1'\n"
+                   "torch.set_default_dtype(torch.float64); torch.set_grad_enabled(False)\n"
+                   "matplotlib.rcParams['lines.linewidth'] = 9.0\n",
+                   "import os, torch, matplotlib\nassert os.getcwd().endswith('b') and 'LEAK' not in os.environ\n"
+                   "assert torch.get_default_dtype() == torch.float32, torch.get_default_dtype()\n"
+                   "assert torch.is_grad_enabled()\nassert matplotlib.rcParams['lines.linewidth'] != 9.0\n")
+
+
+def test_runner_shows_each_notebook_a_warning_already_shown_in_another(tmp_path: Path):
+    """A warning is shown once per place in a process; the second notebook's kernel would show it again (no
+    matplotlib here: resetting its rcParams would reset this record too, by the way)."""
+    first = ("import sys, warnings\n"
+             "def warn():\n    warnings.warn('shown in every notebook', UserWarning)\n"
+             "sys.modules['__main__'].warn = warn\nwarn()\nwarn()\n")
+    res = _two_notebooks(tmp_path, first, "import sys\nassert 'matplotlib' not in sys.modules\nsys.modules['__main__'].warn()\n")
+    assert res["a"]["1"]["output"].count("UserWarning: shown in every notebook") == 1, res["a"]["1"]["output"]
+    assert "UserWarning: shown in every notebook" in res["b"]["1"]["output"], res["b"]["1"]["output"]
+
+
+def test_no_solution_sets_warning_filters():
+    """The shared child keeps the warning filters that modules add on import (a new kernel has them too), so a
+    setup cell or a solution that set one would leak it into later notebooks: none does."""
+    calls = re.compile(r"\b(?:filterwarnings|simplefilter|resetwarnings)\(")
+    found = [f"{p.name}: {'setup cell' if s is None else 'solution ' + s.key}"
+             for p in NOTEBOOKS for s in [None, *extract_solutions(_load(p))]
+             if calls.search(setup_source(_load(p)) if s is None else "\n".join(s.blocks))]
+    assert not found, f"warning filters set in {found}: reset them in run_groups' _fresh_process_state"
 
 
 def test_runner_reports_a_failing_setup_and_a_hang(tmp_path: Path):

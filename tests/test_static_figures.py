@@ -253,6 +253,9 @@ def test_executing_without_saved_widget_state_gives_a_picture(tmp_path):
     assert out.data[VIEW]["model_id"] in raw.metadata.widgets[STATE]["state"]
     imgs, placeholders = _pictures_in_cell(_html(raw), cell)
     assert imgs == [] and len(placeholders) == 1
+    # and so does the explorer cell exported alone, as test_html_export_shows_every_explorer_as_a_picture does it
+    imgs, placeholders = _pictures_in_cell(_html_of_cells(raw, [cell], tmp_path / "tiny.ipynb"), cell)
+    assert imgs == [] and len(placeholders) == 1
     assert any("saved widget state" in p for p in nt.problems(raw))
 
     # the regeneration command's flag: no state is saved, the export shows the explorer's PNG

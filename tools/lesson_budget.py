@@ -189,7 +189,8 @@ def sentences(text: str) -> list[str]:
         protected = block
         for i, abbr in enumerate(ABBREV):
             protected = protected.replace(abbr, abbr.replace(".", f"\x00{i}"))
-        for part in re.split(r"(?<=[.!?])\s+(?=[A-Z(\"'`*\[“‘0-9§])|(?<=[。！？])", protected):
+        # a full stop, or a full stop closed by a bracket or a quote ("(An English rendering.) Next"), then a capital
+        for part in re.split(r"(?:(?<=[.!?])|(?<=[.!?][)\]”’\"']))\s+(?=[A-Z(\"'`*\[“‘0-9§])|(?<=[。！？])", protected):
             part = re.sub(r"\x00\d+", ".", part).strip()
             if part:
                 out.append(part)
