@@ -25,9 +25,9 @@ def seed_everything(seed: int = 0, num_threads: int = 1, deterministic: bool = T
       (``torch.are_deterministic_algorithms_enabled()``). In torch 2.13 that function also imports
       ``torch.compile``'s configuration to set its flag there, about 0.9 s on the first call of a
       process; the series never compiles, so that import is skipped unless something loaded it
-      already (then torch's own function sets both). Code that compiles after this call gets
-      inductor's own default (``TORCHINDUCTOR_DETERMINISTIC``); call
-      ``torch.use_deterministic_algorithms`` again before ``torch.compile``.
+      already (then torch's own function sets both). Code that compiles after this call finds
+      inductor's ``config.deterministic`` at its own default (``TORCHINDUCTOR_DETERMINISTIC``);
+      call ``torch.use_deterministic_algorithms`` again before ``torch.compile``.
     * On CUDA (``torch.cuda.is_available()``) with ``deterministic=True``: the
       environment variable ``CUBLAS_WORKSPACE_CONFIG`` is set to ``":4096:8"`` **if it is
       not set already** (a value you set wins). Deterministic cuBLAS matrix products need

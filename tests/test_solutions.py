@@ -267,8 +267,10 @@ _RUNNER = textwrap.dedent(r'''
         os.chdir(cwd)
         os.environ.clear()
         os.environ.update(environ)
-        # a warning shown in an earlier notebook is shown again (the filters stay: modules add theirs when first
-        # imported, and are not imported again; no setup cell or solution sets one, test_no_solution_sets_warning_filters)
+        # a warning shown in an earlier notebook is shown again. The filters stay: modules add theirs when first
+        # imported and are not imported again, so a later notebook keeps those of an earlier one's imports (e.g.
+        # transformers adds three: scipy, numpy, sympy); harmless for these solutions. No setup cell or solution
+        # sets one (test_no_solution_sets_warning_filters).
         warnings.onceregistry.clear()
         warnings._filters_mutated()  # empties every module's registry of warnings already shown
         if "torch" in sys.modules:
