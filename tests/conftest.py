@@ -11,8 +11,7 @@ import torch
 # One torch thread in each test process. The README's command runs two workers on the two cores, so a second
 # intra-op thread in one worker only waits for the core the other holds: tests/test_checkers.py took 18 s with
 # torch's default of two threads and 3.5 s with one, next to a process busy on the other core. A test about
-# threads sets its own count (test_train.py, test_rope_kernel.py); the notebooks' kernels set theirs in
-# helpers.seed_everything.
+# threads sets its own count first; the notebooks' kernels set theirs in helpers.seed_everything.
 torch.set_num_threads(1)
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"

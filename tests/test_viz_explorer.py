@@ -369,10 +369,13 @@ def test_compute_runs_on_one_torch_thread_and_the_count_is_restored():
     from matplotlib.figure import Figure
 
     seen = []
+    torch.set_num_threads(2)  # not the explorer's count (tests/conftest.py pins 1); restored below
     before = torch.get_num_threads()
     Explorer({"a": widgets.IntSlider(value=0)}, lambda a: seen.append(torch.get_num_threads()) or {}, lambda s: None,
              Figure(figsize=(2, 2)), str).set(a=1)
-    assert seen == [1, 1] and torch.get_num_threads() == before
+    after = torch.get_num_threads()
+    torch.set_num_threads(1)
+    assert seen == [1, 1] and after == before == 2
 
 
 def test_coalescer_without_a_loop_runs_every_request_at_once():

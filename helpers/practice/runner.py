@@ -1,26 +1,17 @@
 r"""Run a learner's solution for one card in a child process, with a time limit.
 
-:func:`run_solution` hands the card's id and the learner's source to a child process, which runs
-:data:`~helpers.practice.deck.PRELUDE` and the source in a fresh namespace, looks up each name the card
-asks for, and calls its checker (after ``helpers.seed_everything(0)``, as the notebooks do). It writes
-the verdicts as JSON after a marker line; everything the learner's code printed (stdout and stderr) is
-kept and shown.
-
-The child is forked from a server process (:mod:`multiprocessing`'s forkserver) that has imported torch
-and ``helpers`` and done nothing else, so a check starts in about a tenth of a second instead of the
-second or more that ``import torch`` takes in a new interpreter, and each check still starts from the
-same untouched state: nothing a solution does reaches the next one. The server starts with the first
-check of a process and lives as long as that process (a Jupyter kernel, the test run); code of
-``helpers`` edited after it started is seen after a kernel restart, as for the notebook itself. Where
-there is no forkserver (Windows), the child is a new interpreter, ``python -m helpers.practice._child``.
+:func:`run_solution` starts ``python -m helpers.practice._child`` with the card's id and the
+learner's source (a JSON line on stdin). The child runs :data:`~helpers.practice.deck.PRELUDE`
+and the source in a fresh namespace, looks up each name the card asks for, and calls its checker
+(after ``helpers.seed_everything(0)``, as the notebooks do). It writes the verdicts as JSON after a
+marker line; everything the learner's code printed (stdout and stderr) is kept and shown.
 
 An infinite loop ends with "took longer than N s" (N from ``timeout``, default the environment
-variable ``ATTN_PRACTICE_TIMEOUT`` or 60 s, counted from the child's start), never a hung kernel. The
-child runs in a session (process group) of its own, with the caller's environment and the repository as
-its working folder, and ends with ``os._exit`` once its verdict is written, so a thread the learner's
-code leaves running does not hold it; what is left of the group afterwards (a process the code started)
-is killed, and the verdict is read even from output cut short by the time limit. The child's output goes
-to temporary files, not pipes, so a lingering grandchild cannot hold it open. An exception while the code is
+variable ``ATTN_PRACTICE_TIMEOUT`` or 60 s), never a hung kernel. The child runs in a session
+(process group) of its own and ends with ``os._exit`` once its verdict is written, so a thread the
+learner's code leaves running does not hold it; what is left of the group afterwards (a process
+the code started) is killed, and the verdict is read even from output cut short by the time limit.
+The child's output goes to temporary files, not pipes, so a lingering grandchild cannot hold it open. An exception while the code is
 defined or checked is a FAIL with the traceback's last line, as the checkers report exceptions.
 ``sys.exit`` in the code is a FAIL like any exception. A solution that does not define the asked name is a :class:`~helpers.practice.deck.PracticeError`
 (nothing is recorded).
@@ -28,7 +19,6 @@ defined or checked is a FAIL with the traceback's last line, as the checkers rep
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import signal
 import subprocess
@@ -111,17 +101,24 @@ def run_solution(card_id: str | CardSpec, source: str, timeout: Optional[float] 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO), env.get("PYTHONPATH", "")]))
     env.setdefault("OMP_NUM_THREADS", "1")
-    request = {"card": spec.id, "source": source, "env": env, "cwd": str(_REPO)}
-    with tempfile.TemporaryDirectory(prefix="practice-check-") as tmp:
-        out_path, err_path = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
-        for path in (out_path, err_path):
-            open(path, "wb").close()
-        run = _run_forked if _FORKSERVER else _run_new_interpreter
-        timed_out, returncode = run(request, out_path, err_path, limit)
-        with open(out_path, "rb") as f:
-            out_text = _text(f.read())
-        with open(err_path, "rb") as f:
-            err_text = _text(f.read())
+    request = json.dumps({"card": spec.id, "source": source})
+    with tempfile.TemporaryFile() as stdin, tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
+        stdin.write(request.encode())
+        stdin.seek(0)
+        proc = subprocess.Popen([sys.executable, "-m", "helpers.practice._child"], stdin=stdin, stdout=stdout,
+                                stderr=stderr, env=env, cwd=str(_REPO), start_new_session=True)
+        timed_out = True
+        try:
+            proc.wait(timeout=limit)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            pass
+        finally:  # also when the caller is interrupted (Interrupt in JupyterLab, Ctrl-C): nothing is left running
+            _kill_group(proc)  # the child on a timeout; after it, any process the learner's code left running
+            proc.wait()
+        stdout.seek(0)
+        stderr.seek(0)
+        out_text, err_text = _text(stdout.read()), _text(stderr.read())
     out, _, tail = out_text.partition(MARK)
     printed = out + err_text
     data = _verdicts(tail)
@@ -130,7 +127,7 @@ def run_solution(card_id: str | CardSpec, source: str, timeout: Optional[float] 
                f"(rule: each check runs in a child process with a time limit; an infinite loop?).")
         return Outcome(spec.id, [Verdict("", False, "timeout", msg)], printed, "timeout")
     if data is None:
-        msg = f"FAIL: card {spec.id!r}: the check process ended with exit code {returncode} before a verdict."
+        msg = f"FAIL: card {spec.id!r}: the check process ended with exit code {proc.returncode} before a verdict."
         return Outcome(spec.id, [Verdict("", False, "exception", msg)], printed, "exception")
     if data.get("missing"):
         raise PracticeError(
@@ -138,61 +135,6 @@ def run_solution(card_id: str | CardSpec, source: str, timeout: Optional[float] 
             f"define {', '.join(spec.names)}, with the scaffold's signature)")
     verdicts = [Verdict(**v) for v in data["verdicts"]]
     return Outcome(spec.id, verdicts, printed, data.get("error"))
-
-
-#: Whether checks are forked from a preloaded server (:func:`_run_forked`); where the platform has no
-#: forkserver, each check is a new interpreter (:func:`_run_new_interpreter`).
-_FORKSERVER = "forkserver" in multiprocessing.get_all_start_methods()
-_PRELOAD = ["helpers", "helpers.practice.runner", "helpers.practice._child"]  # torch, helpers, every checker
-_context = None
-
-
-def _forkserver_context():
-    """The forkserver context, its preload set before its server starts (on the first check)."""
-    global _context
-    if _context is None:
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(_PRELOAD)
-        _context = ctx
-    return _context
-
-
-def _run_forked(request: dict, out_path: str, err_path: str, limit: float) -> tuple[bool, Optional[int]]:
-    """Fork the child from the preloaded server (:func:`helpers.practice._child.serve`); wait at most ``limit`` s
-    from its start, then kill its process group. Returns ``(timed out, exit code)``."""
-    from . import _child
-
-    proc = _forkserver_context().Process(target=_child.serve, args=(request, out_path, err_path), daemon=False)
-    proc.start()
-    proc.join(limit)
-    timed_out = proc.exitcode is None
-    _kill_group(proc.pid)  # the child on a timeout; after it, any process the learner's code left running
-    if proc.exitcode is None:  # killed before it had its own group (it makes one first thing)
-        proc.kill()
-    proc.join()
-    code = proc.exitcode
-    proc.close()
-    return timed_out, code
-
-
-def _run_new_interpreter(request: dict, out_path: str, err_path: str, limit: float) -> tuple[bool, Optional[int]]:
-    """The child as ``python -m helpers.practice._child`` (the request as JSON on stdin): where there is no
-    forkserver. Returns ``(timed out, exit code)``."""
-    with tempfile.TemporaryFile() as stdin, open(out_path, "wb") as stdout, open(err_path, "wb") as stderr:
-        stdin.write(json.dumps({"card": request["card"], "source": request["source"]}).encode())
-        stdin.seek(0)
-        proc = subprocess.Popen([sys.executable, "-m", "helpers.practice._child"], stdin=stdin, stdout=stdout,
-                                stderr=stderr, env=request["env"], cwd=request["cwd"], start_new_session=True)
-        try:
-            proc.wait(timeout=limit)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        _kill_group(proc.pid)
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-    return timed_out, proc.returncode
 
 
 def _verdicts(tail: str) -> Optional[dict]:
@@ -203,13 +145,15 @@ def _verdicts(tail: str) -> Optional[dict]:
         return None
 
 
-def _kill_group(pid: int) -> None:
-    """SIGKILL the process group led by ``pid`` (the child and whatever it started); nothing if it is gone."""
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the child's process group (the child and whatever it started); nothing if it is gone."""
     if hasattr(os, "killpg"):
         try:
-            os.killpg(pid, signal.SIGKILL)
+            os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+    elif proc.poll() is None:
+        proc.kill()
 
 
 def _text(b) -> str:
